@@ -1,0 +1,1 @@
+"""Agents, trainers and command-line entry points (`train`, `compare`, `evaluate`)."""

@@ -1,0 +1,148 @@
+"""Hyperparameters: rl-zoo style YAML files keyed by env id, overlaid and checked against dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from algorithms.common.errors import ConfigError
+
+ZOO_CONFIG_DIR = Path(__file__).resolve().parents[2] / "zoo_configs"
+
+
+def read_yaml(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist: expected a YAML file")
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        first = str(exc).strip().splitlines()
+        where = ""
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        raise ConfigError(
+            f"malformed config file {str(path)!r}{where}: {first[0] if first else exc}; expected valid YAML"
+        ) from None
+
+
+def zoo_hyperparams(algo: str, env_id: str, config_dir: Path = ZOO_CONFIG_DIR) -> dict[str, Any]:
+    """The entry for `env_id` in zoo_configs/<algo>.yml (empty if that file has no entry)."""
+    path = config_dir / f"{algo}.yml"
+    if not path.is_file():
+        return {}
+    data = read_yaml(path) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"malformed config file {str(path)!r}: expected a mapping of env id -> hyperparameters")
+    entry = data.get(env_id) or {}
+    if not isinstance(entry, dict):
+        raise ConfigError(f"malformed config file {str(path)!r}: entry {env_id!r} must be a mapping")
+    return dict(entry)
+
+
+def user_config(path: str | Path, env_id: str, env_ids: typing.Collection[str]) -> dict[str, Any]:
+    """A --config file: either keyed by env id like zoo_configs, or a flat mapping of hyperparameters."""
+    data = read_yaml(path)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"malformed config file {str(path)!r}: expected a mapping of hyperparameters, got {type(data).__name__}"
+        )
+    if data and all(key in env_ids for key in data):
+        entry = data.get(env_id)
+        if entry is None:
+            raise ConfigError(f"config file {str(path)!r} has no entry for env {env_id!r}; it has {sorted(data)}")
+        if not isinstance(entry, dict):
+            raise ConfigError(f"malformed config file {str(path)!r}: entry {env_id!r} must be a mapping")
+        return dict(entry)
+    return dict(data)
+
+
+def parse_overrides(items: typing.Sequence[str]) -> dict[str, Any]:
+    """`key=value` pairs; values are parsed as YAML scalars (`0.1`, `true`, `[1, 2]`)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"malformed hyperparameter {item!r}: expected key=value")
+        try:
+            out[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            raise ConfigError(f"malformed value in hyperparameter {item!r}: expected a YAML scalar or list") from None
+    return out
+
+
+def _coerce(name: str, value: Any, annotation: Any, owner: str) -> Any:
+    """Check a value against a dataclass field's annotation (int, float, bool, str, lists, dicts, Optional)."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Union or (origin is not None and str(origin) == "<class 'types.UnionType'>"):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(name, value, arg, owner)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise errors[0]
+    if annotation is typing.Any:
+        return value
+    bad = ConfigError(f"hyperparameter {name}={value!r} for {owner}: expected {getattr(annotation, '__name__', annotation)}")
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise bad
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+            raise bad
+        return int(value)
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise bad
+        return value
+    if origin in (list, tuple, typing.Sequence) or annotation in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise bad
+        return list(value) if origin is list or annotation is list else tuple(value)
+    if origin is dict or annotation is dict:
+        if not isinstance(value, dict):
+            raise bad
+        return dict(value)
+    return value
+
+
+def build_dataclasses(mapping: Mapping[str, Any], classes: typing.Sequence[type], owner: str) -> list[Any]:
+    """Split a flat mapping across dataclasses by field name; an unknown key or a wrong type is an error."""
+    hints = [typing.get_type_hints(cls) for cls in classes]
+    fields = [{f.name for f in dataclasses.fields(cls)} for cls in classes]
+    known = sorted(set().union(*fields))
+    kwargs: list[dict[str, Any]] = [{} for _ in classes]
+    for key, value in mapping.items():
+        for i, names in enumerate(fields):
+            if key in names:
+                kwargs[i][key] = _coerce(key, value, hints[i][key], owner)
+                break
+        else:
+            raise ConfigError(f"unknown hyperparameter {key!r} for {owner}; expected one of: {', '.join(known)}")
+    return [cls(**kw) for cls, kw in zip(classes, kwargs)]
+
+
+def as_plain_dict(*instances: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for inst in instances:
+        for key, value in dataclasses.asdict(inst).items():
+            out[key] = list(value) if isinstance(value, tuple) else value
+    return out

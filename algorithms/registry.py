@@ -1,0 +1,42 @@
+"""Which algorithms exist, and which runner trains each (imported lazily: torch/TRL only when used)."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from algorithms.common.errors import VcbmGymError
+
+
+@dataclass(frozen=True)
+class AlgoSpec:
+    runner: str  # module with add_arguments(parser), resolve(algo, env_id, mapping), run(ctx)
+    target: str  # "module:Class" of the agent (tabular) or algorithm (SB3); runner-specific
+    description: str
+
+
+ALGOS: dict[str, AlgoSpec] = {
+    "vcbm": AlgoSpec("algorithms.tabular.runner", "algorithms.tabular.vcbm:VCBMAgent", "tabular VCBM (paper 000 Sec. IV-A)"),
+    "rudder": AlgoSpec("algorithms.tabular.runner", "algorithms.tabular.rudder:RudderAgent", "RUDDER + direct Q (paper 000 Sec. II-B)"),
+    "mc": AlgoSpec("algorithms.tabular.runner", "algorithms.tabular.mc:MonteCarloAgent", "tabular Monte Carlo on the delayed reward"),
+    "td": AlgoSpec("algorithms.tabular.runner", "algorithms.tabular.q_learning:QLearningAgent", "tabular Q-learning on the delayed reward"),
+    "ppo": AlgoSpec("algorithms.sb3.runner", "stable_baselines3:PPO", "SB3 PPO with a pluggable credit rule"),
+    "a2c": AlgoSpec("algorithms.sb3.runner", "stable_baselines3:A2C", "SB3 A2C with a pluggable credit rule"),
+    "dqn": AlgoSpec("algorithms.sb3.runner", "stable_baselines3:DQN", "SB3 DQN on redistributed rewards"),
+    "loop": AlgoSpec("algorithms.llm.runner", "algorithms.llm.trainer:LoopTrainer", "LOOP: leave-one-out PPO for LLM agents"),
+    "vcbm-loop": AlgoSpec("algorithms.llm.runner", "algorithms.llm.trainer:LoopTrainer", "VCBM-blended LOOP"),
+}
+
+
+def get_algo(name: str) -> AlgoSpec:
+    if name not in ALGOS:
+        raise VcbmGymError(f"unknown algo {name!r}; expected one of: {', '.join(ALGOS)}")
+    return ALGOS[name]
+
+
+def load_object(target: str) -> Any:
+    """Import "package.module:Attribute"."""
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr) if attr else module

@@ -1,0 +1,1 @@
+"""Tabular agents for WatchRepair: VCBM, RUDDER, Monte Carlo, Q-learning."""

@@ -1,0 +1,98 @@
+"""Trains a tabular agent episode by episode until the convergence criterion (SPEC section 4)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+from torch.utils.tensorboard import SummaryWriter
+from tqdm.auto import tqdm
+
+from algorithms.common.config import as_plain_dict, build_dataclasses
+from algorithms.common.convergence import ConvergenceTracker
+from algorithms.common.errors import VcbmGymError
+from algorithms.common.run_context import RunContext
+from algorithms.registry import get_algo, load_object
+from algorithms.tabular.base import TabularAgent
+
+
+@dataclass
+class TabularRunConfig:
+    max_episodes: int = 20_000
+    convergence_window: int = 750
+    convergence_threshold: float = 0.95
+    stop_at_convergence: bool = True
+    log_interval: int = 1
+    env_kwargs: dict = field(default_factory=dict)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Tabular agents need no flags beyond the common ones."""
+
+
+def _classes(algo: str) -> tuple[type[TabularAgent], type]:
+    agent_cls = load_object(get_algo(algo).target)
+    return agent_cls, agent_cls.config_class
+
+
+def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
+    agent_cls, config_cls = _classes(algo)
+    run_cfg, agent_cfg = build_dataclasses(mapping, [TabularRunConfig, config_cls], owner=f"algo {algo!r}")
+    return as_plain_dict(run_cfg, agent_cfg)
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    agent_cls, config_cls = _classes(ctx.algo)
+    run_cfg, agent_cfg = build_dataclasses(ctx.hyperparams, [TabularRunConfig, config_cls], owner=f"algo {ctx.algo!r}")
+    env = gym.make(ctx.env_id, **run_cfg.env_kwargs)
+    names = tuple(getattr(env.unwrapped, "component_names", ()) or ()) or None
+    agent = agent_cls(env.observation_space, env.action_space, agent_cfg, ctx.seed, component_names=names)
+    tracker = ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold)
+    writer = SummaryWriter(ctx.log_dir)
+    start = time.perf_counter()
+    bar = tqdm(total=run_cfg.max_episodes, desc=f"{ctx.algo} seed {ctx.seed}", unit="ep", disable=not ctx.progress)
+    obs, info = env.reset(seed=ctx.seed)
+    try:
+        for episode in range(1, run_cfg.max_episodes + 1):
+            if episode > 1:
+                obs, info = env.reset()
+            episode_return, done = 0.0, False
+            while not done:
+                action = agent.act(obs)
+                next_obs, reward, terminated, truncated, info = env.step(action)
+                done = terminated or truncated
+                agent.observe(obs, action, float(reward), next_obs, done)
+                episode_return += float(reward)
+                obs = next_obs
+            scalars = agent.end_episode()
+            if "first_decision_optimal" not in info:
+                raise VcbmGymError(
+                    f"env {ctx.env_id!r} reports no 'first_decision_optimal' in info: "
+                    "the convergence criterion needs it (evaluation only)"
+                )
+            just_converged = tracker.update(bool(info["first_decision_optimal"]))
+            if episode % run_cfg.log_interval == 0 or just_converged:
+                writer.add_scalar("train/correct_moving_average", tracker.rate, episode)
+                writer.add_scalar("train/episode_return", episode_return, episode)
+                for tag, value in scalars.items():
+                    writer.add_scalar(tag, value, episode)
+            bar.update(1)
+            if episode % 50 == 0:
+                bar.set_postfix(correct=f"{tracker.rate:.3f}")
+            if just_converged and run_cfg.stop_at_convergence:
+                break
+    finally:
+        bar.close()
+        writer.close()
+        env.close()
+    return {
+        "converged": tracker.converged_at is not None,
+        "episodes_to_converge": tracker.converged_at,
+        "episodes_run": tracker.episodes,
+        "final_correct_rate": tracker.rate,
+        "train_time_s": time.perf_counter() - start,
+        **agent.summary(),
+    }

@@ -1,0 +1,1 @@
+"""Environments of vcbm-gym. They know nothing of the algorithms that train on them."""

@@ -1,0 +1,1 @@
+"""Credit-assignment rules: pure functions and small classes over arrays, no I/O."""
