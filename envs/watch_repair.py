@@ -114,7 +114,8 @@ class WatchRepairDynamics:
         if actions.min() < REPAIR or actions.max() > KEEP or not np.issubdtype(actions.dtype, np.integer):
             bad = actions[(actions != REPAIR) & (actions != KEEP)]
             raise InvalidActionError(
-                f"invalid action {bad[0] if len(bad) else actions.dtype!r}: expected 0 (repair) or 1 (do not repair)"
+                f"invalid action {bad[0].item() if len(bad) else actions.dtype!r}: "
+                "expected 0 (repair) or 1 (do not repair)"
             )
         state = state.copy()
         n = len(state)

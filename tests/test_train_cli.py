@@ -1,0 +1,72 @@
+import json
+
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+
+def _one_error_line(result, *needles):
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_unknown_algo(run_cli):
+    _one_error_line(run_cli("algorithms.train", "--algo", "sarsa"), "'sarsa'", "expected one of", "vcbm")
+
+
+def test_unknown_env(run_cli):
+    _one_error_line(run_cli("algorithms.train", "--algo", "vcbm", "--env", "Watch-v9"), "'Watch-v9'", "WatchRepair-v0")
+
+
+def test_unknown_hyperparameter_key(run_cli):
+    result = run_cli("algorithms.train", "--algo", "vcbm", "--hyperparams", "z_treshold=3")
+    _one_error_line(result, "'z_treshold'", "z_thresh")
+
+
+def test_wrong_hyperparameter_type(run_cli):
+    _one_error_line(run_cli("algorithms.train", "--algo", "vcbm", "--hyperparams", "forced_visits=many"), "forced_visits", "int")
+
+
+def test_malformed_config_file(run_cli, tmp_path):
+    bad = tmp_path / "bad.yml"
+    bad.write_text("z_thresh: [4.0\nwarmup_transitions: 10\n")
+    _one_error_line(run_cli("algorithms.train", "--algo", "vcbm", "--config", str(bad)), "bad.yml", "expected valid YAML")
+
+
+def test_unknown_key_in_config_file(run_cli, tmp_path):
+    cfg = tmp_path / "typo.yml"
+    cfg.write_text("WatchRepair-v0:\n  eta_clok: 0.8\n")
+    _one_error_line(run_cli("algorithms.train", "--algo", "vcbm", "--config", str(cfg)), "'eta_clok'", "eta_clock")
+
+
+def test_missing_config_file(run_cli, tmp_path):
+    _one_error_line(run_cli("algorithms.train", "--algo", "vcbm", "--config", "nope.yml"), "nope.yml", "does not exist")
+
+
+def test_run_writes_resolved_config_summary_and_tensorboard_scalars(run_cli, tmp_path):
+    cfg = tmp_path / "flat.yml"
+    cfg.write_text("warmup_transitions: 500\nrefresh_every: 250\n")
+    log_dir = tmp_path / "run"
+    result = run_cli(
+        "algorithms.train", "--algo", "vcbm", "--seed", "5", "--log-dir", str(log_dir), "--config", str(cfg),
+        "--hyperparams", "forced_visits=10", "--max-episodes", "60",
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"TensorBoard logs: {log_dir}" in result.stdout
+    resolved = yaml.safe_load((log_dir / "config.yml").read_text())
+    hp = resolved["hyperparams"]
+    # zoo defaults, overlaid by the file, then by --hyperparams and --max-episodes
+    assert (hp["warmup_transitions"], hp["refresh_every"], hp["forced_visits"], hp["max_episodes"]) == (500, 250, 10, 60)
+    assert hp["z_thresh"] == 4.0 and resolved["seed"] == 5
+    summary = json.loads((log_dir / "summary.json").read_text())
+    assert summary["episodes_run"] == 60 and summary["converged"] is False and summary["episodes_to_converge"] is None
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    for tag in ("train/correct_moving_average", "train/episode_return", "vcbm/epsilon", "roles/repaired_flag", "roles/timestep"):
+        assert tag in tags, tags
+    assert len(events.Scalars("train/episode_return")) == 60
+    assert events.Scalars("roles/repaired_flag")[-1].value == 3.0  # Role.CONTROLLED

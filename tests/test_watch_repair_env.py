@@ -1,0 +1,114 @@
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env as gym_check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+
+import vcbm_gym  # noqa: F401  (registers the envs)
+from envs.watch_repair import (
+    KEEP,
+    REPAIR,
+    InvalidActionError,
+    WatchRepairEnv,
+    WatchRepairParams,
+    WatchRepairVectorEnv,
+)
+
+
+def test_make_and_env_checkers_pass():
+    env = gym.make("WatchRepair-v0")
+    gym_check_env(env.unwrapped)
+    sb3_check_env(env.unwrapped)
+    assert env.observation_space == gym.spaces.MultiDiscrete([2, 51, 51, 4, 51])
+
+
+def test_make_with_module_prefix_needs_no_prior_import():
+    code = "import gymnasium as gym; env = gym.make('vcbm_gym:WatchRepair-v0'); print(env.unwrapped.params.horizon)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "50"
+
+
+def test_paper_constants_give_the_spec_expected_returns():
+    params = WatchRepairParams()
+    np.testing.assert_allclose(params.expected_repair_return(), [-1.5, 3.5, 3.5, -1.5])
+    assert params.optimal_first_action().tolist() == [KEEP, REPAIR, REPAIR, KEEP]
+
+
+@pytest.mark.parametrize("bad", [2, -1, 7])
+def test_invalid_action_is_a_clear_error(bad):
+    env = gym.make("WatchRepair-v0")
+    env.reset(seed=0)
+    with pytest.raises(InvalidActionError, match=rf"invalid action {bad}.*expected 0 \(repair\) or 1"):
+        env.step(bad)
+
+
+def test_vector_env_rejects_invalid_actions():
+    venv = WatchRepairVectorEnv(3)
+    venv.reset(seed=0)
+    with pytest.raises(InvalidActionError, match="invalid action 5"):
+        venv.step(np.array([0, 5, 1]))
+
+
+def test_episode_is_horizon_steps_and_info_marks_the_first_decision():
+    env = WatchRepairEnv(horizon=7)
+    obs, info = env.reset(seed=3, options={"brand": 1})
+    assert obs.tolist() == [0, 0, 0, 1, 0] and info["optimal_first_action"] == REPAIR
+    assert "first_decision_optimal" not in info
+    obs, reward, terminated, truncated, info = env.step(REPAIR)
+    assert obs[0] == 1 and reward < 0 and info["first_decision_optimal"] is True
+    for t in range(2, 8):
+        obs, reward, terminated, truncated, info = env.step(KEEP)
+        assert terminated == (t == 7) and not truncated
+    assert obs[4] == 7 and info["first_decision_optimal"] is True
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        env.step(KEEP)
+
+
+def test_single_env_and_one_wide_vector_env_share_the_dynamics():
+    env, venv = WatchRepairEnv(), WatchRepairVectorEnv(1)
+    obs, _ = env.reset(seed=11)
+    vobs, _ = venv.reset(seed=11)
+    actions = np.random.default_rng(0).integers(0, 2, size=50)
+    for a in actions:
+        assert obs.tolist() == vobs[0].tolist()
+        obs, r, term, _, _ = env.step(int(a))
+        vobs, vr, vterm, _, _ = venv.step(np.array([a]))
+        assert r == vr[0] and term == vterm[0]
+    assert term
+
+
+def _returns(brand: int, first_action: int, n: int, seed: int) -> np.ndarray:
+    venv = WatchRepairVectorEnv(n)
+    venv.reset(seed=seed, options={"brand": brand})
+    total = np.zeros(n)
+    actions = np.full(n, first_action)
+    for t in range(50):
+        _, reward, terminated, _, info = venv.step(actions if t == 0 else np.full(n, KEEP))
+        total += reward
+    assert terminated.all() and (info["first_action"] == first_action).all()
+    return total
+
+
+@pytest.mark.parametrize("brand", [0, 1, 2, 3])
+def test_mean_return_matches_the_analytic_value_within_4_standard_errors(brand):
+    n = 20_000
+    repaired = _returns(brand, REPAIR, n, seed=100 + brand)
+    expected = WatchRepairParams().expected_repair_return()[brand]
+    standard_error = repaired.std(ddof=1) / np.sqrt(n)
+    assert abs(repaired.mean() - expected) < 4 * standard_error, (repaired.mean(), expected, standard_error)
+    # The return's spread is dominated by counter2's 7 * Binomial(50, 0.05) penalty (sd ~10.8).
+    assert 10.0 < repaired.std() < 12.5
+
+    kept = _returns(brand, KEEP, n, seed=200 + brand)
+    assert np.all(kept == 0.0)
+
+
+def test_brand_probabilities_are_a_constructor_argument():
+    venv = WatchRepairVectorEnv(4000, brand_probs=(0.0, 0.0, 1.0, 0.0))
+    obs, info = venv.reset(seed=0)
+    assert set(obs[:, 3].tolist()) == {2}
+    with pytest.raises(ValueError, match="brand_probs"):
+        WatchRepairEnv(brand_probs=(0.5, 0.6, 0.0, 0.0))
