@@ -16,6 +16,7 @@ _ENVS = {
     ),
     "TextWatchRepair-v0": dict(entry_point="envs.text_watch_repair:TextWatchRepairEnv"),
     "SetRetrieval-v0": dict(entry_point="envs.set_retrieval:SetRetrievalEnv"),
+    "TextSetRetrieval-v0": dict(entry_point="envs.set_retrieval:TextSetRetrievalEnv"),
     "AppWorld-v0": dict(entry_point="envs.appworld.env:AppWorldEnv"),
 }
 

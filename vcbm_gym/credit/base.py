@@ -112,6 +112,7 @@ RULES: dict[str, str] = {
     "vcbm_bookmark": "vcbm_gym.credit.vcbm_bookmark:VCBMBookmarkRule",
     "vcbm_blend": "vcbm_gym.credit.vcbm_blend:VCBMBlendRule",
     "gigpo": "vcbm_gym.credit.gigpo:GiGPORule",
+    "casi": "vcbm_gym.credit.set_credit:CASIShapingRule",
 }
 
 
