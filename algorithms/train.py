@@ -97,8 +97,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except VcbmGymError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    keys = ("converged", "episodes_to_converge", "final_correct_rate", "roles")
-    print(json.dumps({k: summary[k] for k in keys if k in summary}))
+    skip = {"algo", "env", "seed", "log_dir"}
+    brief = {k: v for k, v in summary.items() if k not in skip and (k == "roles" or isinstance(v, (bool, int, float, str, type(None))))}
+    print(json.dumps(brief))
     print(f"TensorBoard logs: {summary['log_dir']}  (view with: tensorboard --logdir {summary['log_dir']})")
     return 0
 

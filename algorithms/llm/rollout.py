@@ -1,0 +1,185 @@
+"""Multi-turn rollouts of any Gymnasium text env: observation text in, action text out.
+
+Each episode becomes one training sequence: the chat-templated prompt (system + first
+observation), then every model answer followed by the environment's reply rendered as the next
+user turn. Model tokens have env_mask 1, environment tokens 0 (never trained). Every completion
+token carries its turn id; per turn we keep `info["state_mutating"]`, `info["execution_output"]`
+(the VCBM bookmark key) and `info["effect"]` (EMPO's canonical action) when the env reports them.
+
+Generation is batched over the live episodes of a turn with transformers `generate` (TRL's vLLM
+engine is used instead when the trainer has one). When the conversation outgrows
+`truncation_chars`, the context given to the model is the truncated one (algorithms.llm.prompting)
+while the training sequence keeps every token; the importance ratio against the trainer's own
+log-probabilities absorbs the difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import gymnasium as gym
+import torch
+
+from algorithms.llm.prompting import initial_messages, prompt_chars, truncate_messages
+from vcbm_gym.credit.empo import canonical_python_effect, canonical_text_action
+
+
+@dataclass
+class Episode:
+    task_seed: int
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turn_ids: list[int] = field(default_factory=list)
+    state_mutating: list[bool] = field(default_factory=list)
+    turn_texts: list[str] = field(default_factory=list)
+    effects: list[str | None] = field(default_factory=list)  # EMPO effect per turn (None: none parsable)
+    final_text: str = ""
+    episode_return: float = 0.0
+    last_info: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, str]] = field(default_factory=list)
+    done: bool = False
+
+    @property
+    def n_generated(self) -> int:
+        return int(sum(self.env_mask))
+
+
+def effect_of(text: str, info: dict[str, Any]) -> str | None:
+    """EMPO's canonical effect of a turn: the env's own `effect`, else the normalised code it ran
+    (`info["code"]`, AppWorld), else the last tool call written in the text."""
+    if "effect" in info:
+        return info["effect"]
+    if "code" in info:
+        return canonical_python_effect(str(info["code"]))
+    return canonical_text_action(text)
+
+
+def render(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def env_reply_text(tokenizer, observation: str, answer_closed: bool) -> str:
+    """The template text between a model answer and the next answer: end of turn, user turn, header.
+
+    Found by rendering a dummy exchange with and without the extra user turn, so any chat template
+    works (including those that inject a default system prompt).
+    """
+    base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "\x1fA\x1f"}]
+    closed = render(tokenizer, base, add_generation_prompt=False)
+    full = render(tokenizer, base + [{"role": "user", "content": observation}], add_generation_prompt=True)
+    if not full.startswith(closed):
+        raise ValueError("the chat template does not render conversations as extensions of their prefixes")
+    tail = closed[closed.rindex("\x1fA\x1f") + 3 :]
+    eos = tokenizer.eos_token or ""
+    if answer_closed and tail.startswith(eos):
+        tail = tail[len(eos) :]
+    return tail + full[len(closed) :]
+
+
+@torch.no_grad()
+def hf_generate(model, tokenizer, contexts: list[list[int]], max_new_tokens: int, temperature: float) -> list[tuple[list[int], list[float]]]:
+    """Sample one answer per context (left-padded batch); returns (token ids, log-probs) per context."""
+    if not contexts:
+        return []
+    pad = tokenizer.pad_token_id
+    width = max(len(c) for c in contexts)
+    input_ids = torch.full((len(contexts), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(contexts), width), dtype=torch.long)
+    for i, c in enumerate(contexts):
+        input_ids[i, width - len(c) :] = torch.tensor(c)
+        attention[i, width - len(c) :] = 1
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = model.generate(
+        input_ids=input_ids.to(device),
+        attention_mask=attention.to(device),
+        max_new_tokens=max_new_tokens,
+        do_sample=True,
+        temperature=temperature,
+        top_p=1.0,
+        top_k=0,
+        pad_token_id=pad,
+        eos_token_id=tokenizer.eos_token_id,
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
+    if was_training:
+        model.train()
+    new = out.sequences[:, width:].cpu()
+    logps = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1).cpu()
+    results = []
+    for i in range(len(contexts)):
+        ids, lps = [], []
+        for j, tok in enumerate(new[i].tolist()):
+            ids.append(tok)
+            lps.append(float(logps[i, j, tok]))
+            if tok == tokenizer.eos_token_id:
+                break
+        results.append((ids, lps))
+    return results
+
+
+def play_episodes(
+    generate: Callable[[list[list[int]]], list[tuple[list[int], list[float]]]],
+    tokenizer,
+    envs: Sequence[gym.Env],
+    task_seeds: Sequence[int],
+    max_turns: int,
+    truncation_chars: int = 20_000,
+    one_shot: bool = True,
+    system_prompt: str | None = None,
+    lockstep: bool = False,
+) -> list[Episode]:
+    """Play one episode per env, env i reset with seed task_seeds[i]; all turns batched.
+
+    `lockstep`: call `generate` on every one of the `max_turns` turns, with no contexts once this
+    process's episodes are over, so that collective generation (vLLM across processes) never waits
+    on a process that stopped early.
+    """
+    episodes = []
+    for env, seed in zip(envs, task_seeds):
+        obs, info = env.reset(seed=int(seed))
+        messages = initial_messages(str(obs), one_shot, system_prompt)
+        ids = tokenizer(render(tokenizer, messages, True), add_special_tokens=False)["input_ids"]
+        episodes.append(Episode(task_seed=int(seed), prompt_ids=list(ids), messages=messages, last_info=dict(info)))
+    for turn in range(max_turns):
+        live = [i for i, e in enumerate(episodes) if not e.done]
+        if not live and not lockstep:
+            break
+        contexts = []
+        for e in (episodes[i] for i in live):
+            if prompt_chars(e.messages) > truncation_chars:
+                short = truncate_messages(e.messages, truncation_chars)
+                contexts.append(tokenizer(render(tokenizer, short, True), add_special_tokens=False)["input_ids"])
+            else:
+                contexts.append(e.prompt_ids + e.completion_ids)
+        answers = generate(contexts)
+        for i, (ids, lps) in zip(live, answers):
+            e, env = episodes[i], envs[i]
+            e.completion_ids += ids
+            e.env_mask += [1] * len(ids)
+            e.logprobs += lps
+            e.turn_ids += [turn] * len(ids)
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            obs, reward, terminated, truncated, info = env.step(text)
+            e.episode_return += float(reward)
+            e.state_mutating.append(bool(info.get("state_mutating", False)))
+            e.turn_texts.append(str(info.get("execution_output", obs)))
+            e.effects.append(effect_of(text, info))
+            e.last_info = dict(info)
+            e.messages += [{"role": "assistant", "content": text}, {"role": "user", "content": str(obs)}]
+            e.done = bool(terminated or truncated) or turn == max_turns - 1
+            if e.done:
+                e.final_text = str(obs)
+            else:
+                closed = bool(ids) and ids[-1] == tokenizer.eos_token_id
+                reply = tokenizer(env_reply_text(tokenizer, str(obs), closed), add_special_tokens=False)["input_ids"]
+                e.completion_ids += reply
+                e.env_mask += [0] * len(reply)
+                e.logprobs += [0.0] * len(reply)
+                e.turn_ids += [turn] * len(reply)
+    return episodes

@@ -1,0 +1,216 @@
+"""Runner for `--algo loop` and `--algo vcbm-loop` (SPEC section 5).
+
+    python -m algorithms.train --algo vcbm-loop --env TextWatchRepair-v0 --model tiny --iterations 3
+
+`--model tiny` builds a tiny random Qwen2 and tokenizer offline (algorithms.llm.tiny); any other
+value is a Hugging Face name or local path loaded with transformers. LoRA (r 8, alpha 16,
+dropout 0 on q, k, v, o, gate, up, down by default) is trained through peft. Checkpoints (adapter,
+optimizer, scheduler, RNG, episodic memory, counters) go to <log-dir>/checkpoints every
+`--checkpoint-every` iterations; `--resume` continues from the latest one. The per-iteration
+metrics of SPEC section 5 are written to TensorBoard under `loop/`.
+
+Multi-GPU (FSDP2, as in the paper's 2-GPU AppWorld runs; not verified on this project's CPUs):
+
+    accelerate launch --config_file zoo_configs/accelerate/fsdp2.yaml -m algorithms.train \\
+        --algo vcbm-loop --env AppWorld-v0 --model Qwen/Qwen2.5-7B-Instruct --use-vllm
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from algorithms.common.config import as_plain_dict, build_dataclasses
+from algorithms.common.errors import ConfigError, VcbmGymError
+from algorithms.common.run_context import RunContext
+
+CREDIT_OF_ALGO = {"loop": "loo", "vcbm-loop": "vcbm"}
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# LoopConfig fields always written to config.yml (the other GRPOConfig fields only when set)
+REPORTED = (
+    "credit", "vcbm_beta", "vcbm_tau", "vcbm_top_k", "vcbm_alpha", "vcbm_few_bookmarks", "vcbm_embed_dim",
+    "memory_capacity", "kl_abort", "outlier_grad_factor", "outlier_grad_window", "max_turns",
+    "max_new_tokens_per_turn", "truncation_chars", "one_shot", "ratio_sharing", "length_norm", "epsilon",
+    "learning_rate", "lr_scheduler_type", "weight_decay", "max_grad_norm", "num_iterations", "num_generations",
+    "generation_batch_size", "per_device_train_batch_size", "temperature", "bf16", "activation_checkpointing",
+)
+
+
+@dataclass
+class LoopRunConfig:
+    iterations: int = 200
+    model: str = "tiny"
+    env_kwargs: dict = field(default_factory=dict)
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: list = field(default_factory=lambda: list(LORA_TARGETS))
+    checkpoint_every: int = 0
+    n_tasks: int = 1024  # task seeds drawn from the run seed; independent of --iterations so that resumes match
+    torch_threads: int = 0  # 0: torch's default; 1 is often fastest for tiny models on shared CPUs
+    # Settings that replace the entry's own on a machine without a CUDA GPU (e.g. the paper's
+    # bf16 / vLLM AppWorld setting becomes a tiny CPU run); applied in resolve(), so config.yml shows them.
+    cpu_overrides: dict = field(default_factory=dict)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("LLM (loop, vcbm-loop)")
+    group.add_argument("--model", default=None, help="tiny (random, offline) or a transformers name/path")
+    group.add_argument("--iterations", type=int, default=None, help="LOOP iterations (generation batches)")
+    group.add_argument("--use-vllm", action="store_true", help="generate with TRL's vLLM engine")
+    group.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the log dir")
+    group.add_argument("--checkpoint-every", type=int, default=None, help="iterations between checkpoints (0: none)")
+    group.add_argument("--ratio-sharing", choices=("none", "effect", "random"), default=None, help="EMPO ratio sharing")
+    group.add_argument("--no-length-norm", action="store_true", help="EMPO ablation: unnormalised response ratios")
+
+
+def _loop_config(mapping: dict[str, Any], owner: str):
+    from algorithms.llm.config import LoopConfig
+
+    try:
+        return build_dataclasses(mapping, [LoopRunConfig, LoopConfig], owner=owner)
+    except ValueError as exc:
+        if isinstance(exc, VcbmGymError):
+            raise
+        raise ConfigError(f"{owner}: {exc}") from None
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
+    mapping = dict(mapping)
+    credit = mapping.setdefault("credit", CREDIT_OF_ALGO[algo])
+    if credit != CREDIT_OF_ALGO[algo]:
+        raise ConfigError(f"credit={credit!r} for algo {algo!r}: expected {CREDIT_OF_ALGO[algo]!r}")
+    import torch
+
+    overrides = mapping.get("cpu_overrides") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"cpu_overrides={overrides!r} for algo {algo!r}: expected a mapping of hyperparameters")
+    if overrides and not torch.cuda.is_available():
+        mapping.update({k: v for k, v in overrides.items() if k != "cpu_overrides"})
+    # validated as on this machine; run() sets the real output_dir (<log-dir>/checkpoints) and device
+    checked = {"output_dir": "unused", "use_cpu": not torch.cuda.is_available(), **mapping}
+    run_cfg, loop_cfg = _loop_config(checked, f"algo {algo!r}")
+    out = as_plain_dict(run_cfg)
+    for name in list(REPORTED) + [k for k in mapping if k not in out]:
+        out[name] = _plain(getattr(loop_cfg, name))
+    return out
+
+
+def _apply_flags(hp: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    hp = dict(hp)
+    for flag, key in (("model", "model"), ("iterations", "iterations"), ("checkpoint_every", "checkpoint_every"),
+                      ("ratio_sharing", "ratio_sharing")):
+        if getattr(args, flag, None) is not None:
+            hp[key] = getattr(args, flag)
+    if getattr(args, "no_length_norm", False):
+        hp["length_norm"] = False
+    if getattr(args, "use_vllm", False):
+        hp["use_vllm"] = True
+    if hp["iterations"] < 1 or hp.get("checkpoint_every", 0) < 0:
+        raise ConfigError(f"iterations={hp['iterations']}, checkpoint_every={hp.get('checkpoint_every')}: "
+                          "expected iterations >= 1 and checkpoint_every >= 0")
+    return hp
+
+
+def _model_and_tokenizer(name: str, seed: int, bf16: bool):
+    if name == "tiny":
+        from algorithms.llm.tiny import build_tiny
+
+        return build_tiny(seed)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.bfloat16 if bf16 else torch.float32)
+    except OSError as exc:
+        raise VcbmGymError(f"model {name!r} could not be loaded ({exc}); expected 'tiny' or a local path / hub name") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import numpy as np
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from algorithms.llm.trainer import LoopTrainer
+
+    hp = _apply_flags(ctx.hyperparams, ctx.args)
+    log_dir = Path(ctx.log_dir)
+    ckpt_dir = log_dir / "checkpoints"
+    run_keys = {f.name for f in dataclasses.fields(LoopRunConfig)}
+    run_cfg, _ = _loop_config({k: v for k, v in hp.items() if k in run_keys}, f"algo {ctx.algo!r}")
+    loop_kwargs = {k: v for k, v in hp.items() if k not in run_keys}
+    from algorithms.llm.config import LoopConfig
+
+    per_iteration = loop_kwargs.get("num_iterations", LoopConfig.num_iterations)
+    loop_kwargs.update(
+        output_dir=str(ckpt_dir),
+        seed=ctx.seed,
+        max_steps=run_cfg.iterations * per_iteration,
+        save_strategy="steps" if run_cfg.checkpoint_every else "no",
+        save_steps=max(run_cfg.checkpoint_every, 1) * per_iteration,
+        logging_steps=per_iteration,
+        disable_tqdm=not ctx.progress,
+        use_cpu=not torch.cuda.is_available(),
+    )
+    _, cfg = _loop_config(loop_kwargs, f"algo {ctx.algo!r}")
+    (log_dir / "loop_config.yml").write_text(yaml.safe_dump({**as_plain_dict(run_cfg), **{
+        k: _plain(getattr(cfg, k)) for k in REPORTED + ("use_vllm", "max_steps", "save_steps", "seed")}}, sort_keys=False))
+
+    previous_threads = torch.get_num_threads()
+    if run_cfg.torch_threads > 0:
+        torch.set_num_threads(run_cfg.torch_threads)
+    torch.manual_seed(ctx.seed)
+    model, tokenizer = _model_and_tokenizer(run_cfg.model, ctx.seed, bool(cfg.bf16))
+    task_seeds = np.random.default_rng(ctx.seed).integers(0, 2**31 - 1, size=run_cfg.n_tasks)
+    dataset = Dataset.from_dict({"prompt": [str(int(s)) for s in task_seeds]})
+    peft_config = LoraConfig(
+        r=run_cfg.lora_r, lora_alpha=run_cfg.lora_alpha, lora_dropout=run_cfg.lora_dropout,
+        target_modules=list(run_cfg.lora_target_modules), task_type="CAUSAL_LM",
+    )
+    writer = SummaryWriter(str(log_dir))
+    trainer = LoopTrainer(
+        model=model, args=cfg, train_dataset=dataset, processing_class=tokenizer, env_id=ctx.env_id,
+        env_kwargs=run_cfg.env_kwargs, peft_config=peft_config, writer=writer,
+    )
+    initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    checkpoint = get_last_checkpoint(str(ckpt_dir)) if getattr(ctx.args, "resume", False) and ckpt_dir.is_dir() else None
+    if getattr(ctx.args, "resume", False) and checkpoint is None:
+        raise VcbmGymError(f"--resume: no checkpoint in {str(ckpt_dir)!r}; expected a run started with --checkpoint-every")
+    if checkpoint is not None:
+        trainer.load_loop_checkpoint(checkpoint)
+    try:
+        trainer.train(resume_from_checkpoint=checkpoint)
+    finally:
+        writer.close()
+        torch.set_num_threads(previous_threads)
+    trainer.save_model(str(log_dir / "adapter"))
+    delta = sum(float((p.detach() - initial[n]).pow(2).sum()) for n, p in trainer.model.named_parameters() if n in initial)
+    final = trainer.history[-1] if trainer.history else {}
+    return {
+        "iterations_run": len(trainer.history),
+        "resumed_from": checkpoint,
+        "lora_weight_change_l2": delta**0.5,
+        "memory_size": len(trainer.credit_rule.memory),
+        **{f"final_{k}": v for k, v in final.items() if k not in ("iteration_time_s", "rollout_time_s", "credit_time_s")},
+        "mean_iteration_time_s": float(np.mean([h["iteration_time_s"] for h in trainer.history])) if trainer.history else None,
+        "mean_credit_time_s": float(np.mean([h["credit_time_s"] for h in trainer.history])) if trainer.history else None,
+    }

@@ -1,0 +1,80 @@
+"""A tiny random Qwen2 model and a word-level tokenizer, built offline and deterministically.
+
+For tests and laptops: no download, a few hundred thousand parameters, a LoRA step well under a
+second on a CPU. The tokenizer is trained by the `tokenizers` library on the project's own prompt
+and environment texts, so the random policy samples real words, tool names among them, and a
+text environment sees well-formed (if aimless) actions from the first iteration.
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from algorithms.llm.prompting import ONE_SHOT_EXAMPLE, SYSTEM_PROMPT
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]")
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_CORPUS = (
+    SYSTEM_PROMPT,
+    ONE_SHOT_EXAMPLE,
+    "system user assistant Thought Action Observation",
+    "repair() skip() inspect() wait() repair skip inspect wait",
+    "A customer brings in a watch that has stopped. You may repair it now and ship it to the buyer, "
+    "or skip the repair and return it untouched. You have turns. Turn of ; turns left.",
+    "invalid action expected one of done refused already handled In transport for hours minor bumps drops",
+    "Resale price after repair repair costs about shipping costs about each bump costs each drop",
+    "The episode is over. Final result: the repaired watch earned nothing earned or lost You wait",
+    "Alder Borealis Corvina Dunmore 0 1 2 3 4 5 6 7 8 9 + - . , : ; ( ) ' ?",
+)
+
+
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """Word-level tokenizer over the corpus above, with ChatML special tokens and template."""
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    trainer = trainers.WordLevelTrainer(special_tokens=list(SPECIAL_TOKENS), min_frequency=1)
+    tok.train_from_iterator(sorted(set(" ".join(_CORPUS).split())) + list(_CORPUS), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="[UNK]",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    return fast
+
+
+def build_tiny_model(vocab_size: int, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Qwen2ForCausalLM:
+    """A randomly initialised Qwen2 (2 layers, hidden 64), identical for identical arguments."""
+    config = Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    )
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        model = Qwen2ForCausalLM(config)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    return model
+
+
+def build_tiny(seed: int = 0) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(len(tokenizer), seed)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer

@@ -1,0 +1,382 @@
+"""LoopTrainer: LOOP and VCBM-blended LOOP on TRL's GRPOTrainer (paper 000 Sec. II-C, IV-B; SPEC 5).
+
+What changes against GRPOTrainer, in reading order:
+
+1. `rollout_func` (`_rollout`) plays K whole episodes per task of a Gymnasium text env; each
+   episode is one sequence, environment tokens masked (algorithms.llm.rollout).
+2. `_generate_and_score_completions` replaces TRL's per-sequence group advantage by per-token
+   advantages: LOO (Eq. 6) broadcast to every generated token, or blended with VCBM's retrieval
+   weights (Eq. 12-14, vcbm_gym.credit.vcbm_blend). The episodic memory is updated here.
+3. `_compute_loss` is the per-token PPO-clip of Eq. 7-8 (eps 0.1, no critic, no KL penalty),
+   averaged over the generated tokens of the generation batch, optionally with EMPO's shared
+   ratios (SPEC 7). It estimates the KL to the rollout policy; above `kl_abort` nats the whole
+   iteration is discarded: its remaining micro-batches contribute nothing and, at its end, the
+   trainable weights and optimizer state return to their values before the iteration.
+4. `_get_grad_norm` counts outlier-gradient events; `_save_checkpoint` adds the episodic
+   memory and the loop's counters to TRL's checkpoints (adapter, optimizer, RNG).
+
+KL estimate: per rollout, the sum over its generated tokens of the k3 estimator
+exp(d) - d - 1 with d = logp_old - logp_new (nats per rollout), averaged over the micro-batch's
+rollouts; the iteration's estimate is the largest over its micro-batches.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+import time
+from collections import defaultdict, deque
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from transformers import TrainerCallback
+from trl import GRPOTrainer
+
+from algorithms.llm.config import LoopConfig
+from algorithms.llm.rollout import Episode, hf_generate, play_episodes
+from algorithms.registry import load_object
+from vcbm_gym.credit.base import EpisodeBatch
+from vcbm_gym.credit.loo import loo_advantages
+from vcbm_gym.credit.vcbm_blend import VCBMBlendRule, blend
+
+MEMORY_FILE = "vcbm_memory.npz"
+LOOP_STATE_FILE = "loop_state.json"
+
+
+def episode_return_reward(prompts, completions, episode_return, **kwargs) -> list[float]:
+    """TRL reward function: the return the rollout function recorded for each episode."""
+    return [float(r) for r in episode_return]
+
+
+def episode_batch(episodes: list[Episode], width: int) -> EpisodeBatch:
+    """Token-level EpisodeBatch of the completion part of each sequence, padded to `width`."""
+    n = len(episodes)
+    rewards, mask, turns = np.zeros((n, width)), np.zeros((n, width), bool), np.full((n, width), -1)
+    for b, e in enumerate(episodes):
+        m = np.asarray(e.env_mask, bool)
+        mask[b, : len(m)] = m
+        turns[b, : len(m)] = e.turn_ids
+        generated = np.flatnonzero(m)
+        if len(generated):
+            rewards[b, generated[-1]] = e.episode_return
+    return EpisodeBatch(
+        rewards=rewards,
+        mask=mask,
+        group_ids=np.array([e.task_seed for e in episodes]),
+        step_turn=turns,
+        turn_flags={"state_mutating": [np.asarray(e.state_mutating, bool) for e in episodes]},
+        turn_texts=[e.turn_texts for e in episodes],
+        final_texts=[e.final_text for e in episodes],
+    )
+
+
+def context_keys(episodes: list[Episode]) -> list[list[str]]:
+    """EMPO context of every turn: the task, the turn index and the whole conversation before it."""
+    keys = []
+    for e in episodes:
+        digest, row = hashlib.md5(str(e.task_seed).encode()), []
+        for t in range(len(e.effects)):
+            digest.update(e.messages[1 + 2 * t]["content"].encode())  # the observation answered at turn t
+            row.append(f"{e.task_seed}:{t}:{digest.hexdigest()}")
+            digest.update(e.messages[2 + 2 * t]["content"].encode())  # then that turn's answer
+        keys.append(row)
+    return keys
+
+
+class _IterationEnd(TrainerCallback):
+    def __init__(self, trainer: LoopTrainer) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % self.trainer.args.optimizer_steps_per_iteration == 0:
+            self.trainer._end_iteration()
+
+
+class LoopTrainer(GRPOTrainer):
+    """GRPOTrainer with LOOP's per-token LOO / VCBM-blend advantages over multi-turn text episodes."""
+
+    def __init__(
+        self,
+        model,
+        args: LoopConfig,
+        train_dataset,
+        processing_class,
+        env_id: str,
+        env_kwargs: dict[str, Any] | None = None,
+        peft_config=None,
+        writer=None,
+    ) -> None:
+        self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
+        self._env_pool: list[gym.Env] = []
+        self.credit_rule = VCBMBlendRule(
+            beta=args.vcbm_beta, tau=args.vcbm_tau, top_k=args.vcbm_top_k, alpha=args.vcbm_alpha,
+            dim=args.vcbm_embed_dim, memory_capacity=args.memory_capacity, few_bookmarks=args.vcbm_few_bookmarks,
+        )
+        self.writer = writer
+        self._episodes: list[Episode] = []
+        self._iter_stats: dict[str, Any] = defaultdict(float)
+        self._grad_norms: deque[float] = deque(maxlen=args.outlier_grad_window)
+        self.outlier_grad_events = 0
+        self.aborted_iterations = 0
+        self._aborted = False
+        self._snapshot: dict[str, Any] | None = None
+        self.history: list[dict[str, float]] = []
+        self._empo_rng = np.random.default_rng(args.seed)
+        self._system_prompt = load_object(args.system_prompt)(args.one_shot) if args.system_prompt else None
+        super().__init__(
+            model=model,
+            reward_funcs=[episode_return_reward],
+            args=args,
+            train_dataset=train_dataset,
+            processing_class=processing_class,
+            peft_config=peft_config,
+            rollout_func=self._rollout,
+        )
+        self.add_callback(_IterationEnd(self))
+
+    # --- 1. rollouts ---------------------------------------------------------------------------
+    def _envs(self, n: int) -> list[gym.Env]:
+        while len(self._env_pool) < n:
+            self._env_pool.append(gym.make(self.env_id, **self.env_kwargs))
+        return self._env_pool[:n]
+
+    def _generate_answers(self, contexts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+        if self.use_vllm:
+            return self._vllm_generate(contexts)
+        model = self.accelerator.unwrap_model(self.model)
+        return hf_generate(model, self.processing_class, contexts, self.args.max_new_tokens_per_turn, self.args.temperature)
+
+    def _vllm_generate(self, contexts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+        """One turn through TRL's vLLM engine (server or colocate); unverified here (no GPU, no vllm)."""
+        gen = self.vllm_generation  # GRPOTrainer._generate synced its weights before calling _rollout
+        gen.max_completion_length = self.args.max_new_tokens_per_turn  # per turn, not per episode
+        _, completion_ids, logprobs, _ = gen.generate(prompts=contexts, images=None, num_generations=1)
+        return [
+            (list(ids), [float(lp[0]) if lp and lp[0] is not None else 0.0 for lp in seq])
+            for ids, seq in zip(completion_ids, logprobs)
+        ]
+
+    def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict[str, list]:
+        """TRL rollout_func: the dataset's prompt column carries each task's env seed."""
+        seeds = [int(p) for p in prompts]
+        start = time.perf_counter()
+        episodes = play_episodes(
+            self._generate_answers, self.processing_class, self._envs(len(seeds)), seeds,
+            self.args.max_turns, self.args.truncation_chars, self.args.one_shot, self._system_prompt,
+            lockstep=self.use_vllm and self.accelerator.num_processes > 1,
+        )
+        self._iter_stats["rollout_time_s"] += time.perf_counter() - start
+        self._episodes = episodes
+        return {
+            "prompt_ids": [e.prompt_ids for e in episodes],
+            "completion_ids": [e.completion_ids for e in episodes],
+            "logprobs": [e.logprobs for e in episodes],
+            "env_mask": [e.env_mask for e in episodes],
+            "episode_return": [e.episode_return for e in episodes],
+        }
+
+    # --- 2. per-token advantages ---------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs):
+        self._begin_iteration()
+        output = super()._generate_and_score_completions(inputs)
+        episodes = self._episodes
+        start = time.perf_counter()
+        batch = episode_batch(episodes, output["completion_ids"].shape[1])
+        advantages = self.token_advantages(batch)
+        self._iter_stats["credit_time_s"] += time.perf_counter() - start
+        device = output["completion_ids"].device
+        output["advantages"] = torch.as_tensor(advantages, dtype=torch.float32, device=device)
+        output["turn_ids"] = torch.as_tensor(batch.step_turn, device=device)
+        if self.args.ratio_sharing != "none":
+            output["cell_ids"] = torch.as_tensor(self._cells(episodes), device=device)
+        self._record_rollouts(episodes)
+        sampled, old = output.get("sampling_per_token_logps"), output.get("old_per_token_logps")
+        if sampled is not None and old is not None:  # rollout engine vs trainer, on the generated tokens
+            on = (output["completion_mask"] * output.get("tool_mask", 1)).bool() & ~torch.isnan(sampled)
+            if on.any():
+                self._iter_stats["max_sampling_logprob_diff"] = (old - sampled)[on].abs().max().item()
+        return output
+
+    def token_advantages(self, batch: EpisodeBatch) -> np.ndarray:
+        """(B, T) advantages: Eq. 6 LOO over all processes' rollouts, blended per token (Eq. 14)."""
+        returns = torch.as_tensor(batch.returns, dtype=torch.float64, device=self.accelerator.device)
+        groups = torch.as_tensor(batch.group_ids, device=self.accelerator.device)
+        all_returns = self.accelerator.gather(returns).cpu().numpy()
+        all_groups = self.accelerator.gather(groups).cpu().numpy()
+        start = self.accelerator.process_index * batch.batch_size
+        loo = loo_advantages(all_returns, all_groups)[start : start + batch.batch_size]
+        if self.args.credit == "loo":
+            return batch.broadcast(loo)
+        self.credit_rule.observe(batch)
+        weights = self.credit_rule.token_weights(batch)
+        return np.where(batch.mask, blend(loo, weights, self.args.vcbm_beta), 0.0)
+
+    def _cells(self, episodes: list[Episode]) -> np.ndarray:
+        """EMPO cells (SPEC 7) over the generation batch; an "invalid" action has no effect (no cell)."""
+        from vcbm_gym.credit.empo import cell_coverage, effect_cell_ids
+
+        effects = [[None if x in (None, "invalid") else x for x in e.effects] for e in episodes]
+        cells = effect_cell_ids(context_keys(episodes), effects, mode=self.args.ratio_sharing, rng=self._empo_rng)
+        valid = np.zeros(cells.shape, bool)
+        for b, e in enumerate(episodes):
+            valid[b, : len(e.effects)] = True
+        self._iter_stats["empo_cell_coverage"] = cell_coverage(cells, valid)
+        return cells
+
+    # --- 3. the loss ---------------------------------------------------------------------------
+    def _compute_loss(self, model, inputs):
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        mask = mask.float()
+        logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, completion_ids.size(1))
+        old = inputs.get("old_per_token_logps")
+        old = logps.detach() if old is None else old
+        advantages = inputs["advantages"]
+
+        ratio = self._ratios(logps, old, mask, inputs)  # Eq. 7 (or EMPO's shared ratios)
+        eps = self.args.epsilon
+        per_token = -torch.min(ratio * advantages, torch.clamp(ratio, 1 - eps, 1 + eps) * advantages)  # Eq. 8
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            per_token = per_token * inputs["importance_sampling_ratio"]
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        loss = (per_token * mask).sum() / normalizer
+
+        with torch.no_grad():
+            diff = (old - logps.detach()) * mask
+            kl = ((torch.exp(diff) - diff - 1) * mask).sum(-1).mean()
+            kl = self.accelerator.gather(kl.reshape(1)).max().item()
+            on = mask.bool()
+            if on.any():
+                self._iter_stats["max_importance_weight"] = max(
+                    self._iter_stats["max_importance_weight"], torch.exp(-diff[on]).max().item()
+                )
+                self._iter_stats["max_logprob_diff"] = max(self._iter_stats["max_logprob_diff"], diff[on].abs().max().item())
+            self._iter_stats["kl_estimate"] = max(self._iter_stats["kl_estimate"], kl)
+        if kl > self.args.kl_abort and not self._aborted:
+            self._aborted = True
+        if self._aborted:
+            return loss * 0.0  # the iteration is discarded; _end_iteration restores the weights
+        return loss
+
+    def _ratios(self, logps, old, mask, inputs) -> torch.Tensor:
+        if self.args.ratio_sharing == "none":
+            return torch.exp(logps - old)
+        from vcbm_gym.credit.empo import shared_ratios
+
+        return shared_ratios(logps, old, mask, inputs["turn_ids"], inputs["cell_ids"], length_norm=self.args.length_norm)
+
+    # --- 4. iteration bookkeeping, outliers, checkpoints ---------------------------------------
+    def _trainable(self) -> dict[str, torch.nn.Parameter]:
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def _begin_iteration(self) -> None:
+        if not self.model.training:
+            return
+        self._aborted = False
+        self._iter_stats = defaultdict(float)
+        self._iter_start = time.perf_counter()
+        self._snapshot = {
+            "params": {n: p.detach().clone() for n, p in self._trainable().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None,
+        }
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        norm = super()._get_grad_norm(model, grad_norm)
+        value = float(norm.item() if hasattr(norm, "item") else norm)
+        if len(self._grad_norms) >= 5 and value > self.args.outlier_grad_factor * float(np.median(self._grad_norms)):
+            self.outlier_grad_events += 1
+        if math.isfinite(value) and not self._aborted:
+            self._grad_norms.append(value)
+        return norm
+
+    def _end_iteration(self) -> None:
+        if self._aborted and self._snapshot is not None:
+            with torch.no_grad():
+                for n, p in self._trainable().items():
+                    p.copy_(self._snapshot["params"][n])
+            if self._snapshot["optimizer"] is not None:
+                self.optimizer.load_state_dict(self._snapshot["optimizer"])
+            self.aborted_iterations += 1
+        s = self._iter_stats
+        iteration = self.state.global_step // self.args.optimizer_steps_per_iteration
+        metrics = {
+            "mean_return": s["mean_return"],
+            "kl_estimate": s["kl_estimate"],
+            "max_importance_weight": s["max_importance_weight"],
+            "max_logprob_diff": s["max_logprob_diff"],
+            "outlier_gradient_events": float(self.outlier_grad_events),
+            "mean_output_tokens": s["mean_output_tokens"],
+            "return_per_1k_tokens": s["mean_return"] / (s["mean_output_tokens"] / 1000.0) if s["mean_output_tokens"] else 0.0,
+            "iteration_aborted": float(self._aborted),
+            "aborted_iterations": float(self.aborted_iterations),
+            "iteration_time_s": time.perf_counter() - self._iter_start,
+            "rollout_time_s": s["rollout_time_s"],
+            "credit_time_s": s["credit_time_s"],
+            "memory_size": float(len(self.credit_rule.memory)),
+        }
+        for key in ("task_goal_completion", "empo_cell_coverage", "max_sampling_logprob_diff"):
+            if key in s:
+                metrics[key] = s[key]
+        metrics.update({k: v for k, v in s.items() if k.startswith("task_goal_completion/")})
+        self.history.append({"iteration": iteration, **metrics})
+        if self.writer is not None and self.accelerator.is_main_process:
+            for key, value in metrics.items():
+                self.writer.add_scalar(f"loop/{key}", value, iteration)
+            self.writer.flush()
+
+    def _record_rollouts(self, episodes: list[Episode]) -> None:
+        s = self._iter_stats
+        s["mean_return"] = float(np.mean([e.episode_return for e in episodes]))
+        s["mean_output_tokens"] = float(np.mean([e.n_generated for e in episodes]))
+        # task goal completion: the env's `task_goal_completion`, else AppWorld's `success`
+        tgc = [(e.last_info.get("difficulty"), float(e.last_info.get("task_goal_completion", e.last_info.get("success"))))
+               for e in episodes if "task_goal_completion" in e.last_info or "success" in e.last_info]
+        if tgc:
+            s["task_goal_completion"] = float(np.mean([v for _, v in tgc]))
+            by_level: dict[Any, list[float]] = defaultdict(list)
+            for level, v in tgc:
+                if level is not None:
+                    by_level[level].append(v)
+            for level, values in by_level.items():
+                s[f"task_goal_completion/difficulty_{level}"] = float(np.mean(values))
+
+    def loop_state_dict(self) -> dict[str, Any]:
+        return {
+            "outlier_grad_events": self.outlier_grad_events,
+            "aborted_iterations": self.aborted_iterations,
+            "grad_norms": list(self._grad_norms),
+            "empo_rng": self._empo_rng.bit_generator.state,
+            "history": self.history,
+        }
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+            memory = self.credit_rule.state_dict()["memory"]
+            np.savez(folder / MEMORY_FILE, **{k: np.asarray(v if v is not None else -1) for k, v in memory.items()})
+            (folder / LOOP_STATE_FILE).write_text(json.dumps(self.loop_state_dict()))
+
+    def load_loop_checkpoint(self, folder: str | Path) -> None:
+        """Restore the episodic memory and counters saved beside a TRL checkpoint."""
+        folder = Path(folder)
+        with np.load(folder / MEMORY_FILE) as data:
+            memory = {k: data[k] for k in data.files}
+        capacity = int(memory["capacity"])
+        memory["capacity"] = None if capacity < 0 else capacity
+        self.credit_rule.load_state_dict({"memory": memory})
+        state = json.loads((folder / LOOP_STATE_FILE).read_text())
+        self.outlier_grad_events = state["outlier_grad_events"]
+        self.aborted_iterations = state["aborted_iterations"]
+        self._grad_norms.extend(state["grad_norms"])
+        self._empo_rng.bit_generator.state = state["empo_rng"]
+        self.history = state["history"]

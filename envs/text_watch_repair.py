@@ -1,0 +1,197 @@
+"""TextWatchRepair: the watch-repair task (SPEC section 1) as a multi-turn text environment.
+
+The agent reads a text observation and answers with one tool call written as text:
+
+- `repair()` / `skip()`: the decision. The first of them is applied to the watch-repair dynamics
+  at t = 0 (repair pays the brand's repair cost; skip leaves the watch unrepaired) and is the only
+  state-mutating call of the episode; later decision calls are refused ("already decided") and
+  change nothing.
+- `inspect()` / `wait()`: read-only. `inspect()` reports the watch's brand, list price and typical
+  repair and transport costs; `wait()` lets time pass. After the decision, every turn advances the
+  dynamics and reports the transport events (counter increments) of that stretch of the journey.
+
+Parsing is lenient: the last of the four tool names in the text wins, with or without `()`,
+in any case, inside any amount of other text (a ReAct "Thought: ... Action: repair()" works).
+Text naming no tool is answered with an "invalid action ..." observation and changes nothing.
+
+An episode lasts `max_turns` turns (default 6). The underlying 50-step dynamics run in full: the
+decision is step 0, the other 49 steps are spread over the turns that follow it, and the last turn
+runs whatever remains, so the return has the distribution of WatchRepair-v0's. Without any
+decision by the last turn the watch stays unrepaired (return 0). The terminal reward is the
+watch-repair return times `reward_scale` (default 0.1: expected returns of repairing brands 0-3
+are -0.15, 0.35, 0.35, -0.15; realised returns lie roughly within [-4, 6]).
+
+`info` per step: `state_mutating` (this call changed the state), `execution_output` (the text the
+call returned: the VCBM bookmark key), `effect` (canonical action: repair, skip, inspect, wait or
+invalid; EMPO's effect), `is_decision_turn`, `brand`, `optimal_first_action`, and once decided
+`first_decision_optimal` and `task_goal_completion` (the decision was optimal). The last four are
+for evaluation only; no agent may learn from them.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from envs.watch_repair import KEEP, REPAIR, WatchRepairDynamics, WatchRepairParams
+
+BRAND_NAMES = ("Alder", "Borealis", "Corvina", "Dunmore")
+TOOLS = ("repair", "skip", "inspect", "wait")
+CHARSET = frozenset(string.printable)
+MAX_TEXT = 8192
+_TOOL_PATTERN = re.compile(r"\b(repair|skip|inspect|wait)\b", re.IGNORECASE)
+
+
+def parse_action(text: str) -> str:
+    """The canonical tool of an answer: the last tool name it mentions, or "invalid"."""
+    found = _TOOL_PATTERN.findall(text or "")
+    return found[-1].lower() if found else "invalid"
+
+
+def _printable(text: str, limit: int = 80) -> str:
+    clean = "".join(ch if ch in CHARSET and ch not in "\r\x0b\x0c" else "?" for ch in text)
+    return clean[:limit] + ("..." if len(clean) > limit else "")
+
+
+class TextWatchRepairEnv(gym.Env):
+    """Watch repair as text: observation and action are strings (gymnasium.spaces.Text)."""
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+    def __init__(self, max_turns: int = 6, reward_scale: float = 0.1, render_mode: str | None = None, **params: Any):
+        if int(max_turns) < 2:
+            raise ValueError(f"max_turns={max_turns}: expected an integer >= 2 (a decision and a later turn)")
+        if not reward_scale > 0:
+            raise ValueError(f"reward_scale={reward_scale}: expected a positive number")
+        self.max_turns, self.reward_scale = int(max_turns), float(reward_scale)
+        self.dynamics = WatchRepairDynamics(WatchRepairParams(**params))
+        self.params = self.dynamics.params
+        if self.params.n_brands > len(BRAND_NAMES):
+            raise ValueError(f"{self.params.n_brands} brands: expected at most {len(BRAND_NAMES)}")
+        self._optimal = self.params.optimal_first_action()
+        self.observation_space = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=string.printable)
+        self.action_space = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=string.printable)
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode={render_mode!r}: expected one of {self.metadata['render_modes']}")
+        self.render_mode = render_mode
+        self._state: np.ndarray | None = None
+        self._decision: str | None = None
+        self._turn = 0
+        self._last_obs = ""
+
+    # --- Gymnasium API -------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._state = self.dynamics.reset(self.np_random, 1, (options or {}).get("brand"))
+        self._decision, self._turn, self._reward = None, 0, 0.0
+        brand = self._brand
+        self._last_obs = (
+            f"A customer brings in a {BRAND_NAMES[brand]} watch that has stopped. You may repair it now and "
+            f"ship it to the buyer, or skip the repair and return it untouched. You have {self.max_turns} turns.\n"
+            "Tools: repair() repairs and ships the watch (only your first decision counts); skip() declines the "
+            "repair; inspect() describes the watch and its costs; wait() lets time pass.\n"
+            + self._status()
+        )
+        return self._last_obs, self._info(False, "", "none", False)
+
+    def step(self, action):
+        if self._state is None or self._turn >= self.max_turns:
+            raise RuntimeError("step() called before reset() or after the episode ended")
+        text = action if isinstance(action, str) else str(action)
+        effect = parse_action(text)
+        self._turn += 1
+        mutating = is_decision = False
+        if effect in ("repair", "skip") and self._decision is None:
+            output, mutating, is_decision = self._decide(effect), True, True
+        elif effect in ("repair", "skip"):
+            output = f"{effect}() refused: the watch was already handled ({self._decision})."
+        elif effect == "inspect":
+            output = self._inspection()
+        elif effect == "wait":
+            output = "You wait."
+        else:
+            output = (
+                f"invalid action {_printable(text)!r}: expected one of repair(), skip(), inspect(), wait()."
+            )
+        terminated = self._turn >= self.max_turns
+        if self._decision is not None and (not is_decision or terminated):
+            output += " " + self._advance(final=terminated)
+        reward = 0.0
+        if terminated:
+            reward = self._reward * self.reward_scale
+            output += f" The episode is over. Final result: {self._outcome()}"
+        self._last_obs = f"{output}\n{self._status()}" if not terminated else output
+        return self._last_obs, float(reward), terminated, False, self._info(mutating, output, effect, is_decision)
+
+    def render(self):
+        if self.render_mode == "ansi":
+            return self._last_obs
+        return None
+
+    # --- internals -----------------------------------------------------------------------------
+    @property
+    def _brand(self) -> int:
+        return int(self._state[0, 3])
+
+    def _status(self) -> str:
+        left = self.max_turns - self._turn
+        return f"Turn {self._turn + 1} of {self.max_turns}; {left} turn{'s' if left != 1 else ''} left."
+
+    def _decide(self, effect: str) -> str:
+        self._decision = effect
+        before = self._reward
+        self._step_dynamics(REPAIR if effect == "repair" else KEEP)
+        if effect == "repair":
+            return f"repair() done: the watch was repaired for {before - self._reward:.2f} and shipped."
+        return "skip() done: the watch goes back to its owner unrepaired."
+
+    def _step_dynamics(self, action: int) -> None:
+        self._state, reward, _ = self.dynamics.step(self.np_random, self._state, np.array([action]))
+        self._reward += float(reward[0])
+
+    def _advance(self, final: bool) -> str:
+        """Run this turn's share of the remaining dynamics steps; describe the transport events."""
+        remaining = self.params.horizon - int(self._state[0, 4])
+        turns_left = self.max_turns - self._turn + 1
+        n = remaining if final else remaining // turns_left
+        c_before = self._state[0, 1:3].copy()
+        for _ in range(n):
+            self._step_dynamics(KEEP)
+        bumps, drops = (self._state[0, 1:3] - c_before).tolist()
+        if self._decision != "repair":
+            return f"Time passes ({n} hours)."
+        return f"In transport for {n} hours: {bumps} minor bumps, {drops} drops."
+
+    def _inspection(self) -> str:
+        b, p = self._brand, self.params
+        return (
+            f"inspect(): a {BRAND_NAMES[b]} watch. Resale price after repair {p.price[b]:.0f}; repair costs about "
+            f"{p.repair_cost_mean[b]:.1f}; shipping costs about {p.transport_mean[b]:.1f}; each bump in transport "
+            f"costs {p.counter_penalties[0]:.1f} and each drop {p.counter_penalties[1]:.1f}."
+        )
+
+    def _outcome(self) -> str:
+        if self._decision == "repair":
+            return f"the repaired watch earned {self._reward * self.reward_scale:+.3f}."
+        return "the watch was not repaired; nothing earned or lost (+0.000)."
+
+    def _info(self, mutating: bool, output: str, effect: str, is_decision: bool) -> dict[str, Any]:
+        brand = self._brand
+        info: dict[str, Any] = {
+            "state_mutating": mutating,
+            "execution_output": output,
+            "effect": effect,
+            "is_decision_turn": is_decision,
+            "brand": brand,
+            "optimal_first_action": int(self._optimal[brand]),
+        }
+        if self._decision is not None:
+            optimal = (REPAIR if self._decision == "repair" else KEEP) == int(self._optimal[brand])
+            info["first_decision_optimal"] = optimal
+            info["task_goal_completion"] = float(optimal)
+        return info

@@ -1,0 +1,169 @@
+"""The LLM arm: prompt truncation, multi-turn rollouts, and LOOP / VCBM-LOOP training end to end on CPU."""
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("trl")
+pytest.importorskip("peft")
+
+import gymnasium as gym  # noqa: E402
+
+import vcbm_gym  # noqa: E402, F401
+from algorithms.common.errors import ConfigError  # noqa: E402
+from algorithms.llm.prompting import BLANKED, initial_messages, prompt_chars, truncate_messages  # noqa: E402
+from algorithms.llm.rollout import Episode, hf_generate, play_episodes  # noqa: E402
+from algorithms.llm.tiny import build_tiny  # noqa: E402
+from algorithms.llm.trainer import episode_batch  # noqa: E402
+from algorithms.train import run  # noqa: E402
+from vcbm_gym.credit.loo import LeaveOneOutRule  # noqa: E402
+from vcbm_gym.credit.vcbm_blend import VCBMBlendRule  # noqa: E402
+
+SPEC_METRICS = (
+    "loop/mean_return", "loop/task_goal_completion", "loop/max_importance_weight", "loop/max_logprob_diff",
+    "loop/kl_estimate", "loop/outlier_gradient_events", "loop/mean_output_tokens", "loop/return_per_1k_tokens",
+)
+
+
+def _conversation(n_blocks, obs_len):
+    msgs = initial_messages("the task " * 10)
+    for i in range(n_blocks):
+        msgs += [{"role": "assistant", "content": f"Action: wait() {i}"}, {"role": "user", "content": f"obs{i} " + "x" * obs_len}]
+    return msgs
+
+
+def test_truncation_applies_its_three_stages_in_order():
+    short = _conversation(3, 100)
+    assert truncate_messages(short, 20_000) == short
+    # stage 1 suffices: 10 observations of 3,000 chars; blanking all but the last 2 leaves ~6,000 + head
+    out = truncate_messages(_conversation(10, 3_000), 20_000)
+    users = [m["content"] for m in out[2:] if m["role"] == "user"]
+    assert users[:8] == [BLANKED] * 8 and users[8].startswith("obs8") and len(users[9]) > 3_000
+    # stage 2: the two kept observations are too long alone -> cut to 2,000 chars (+ a marker)
+    out = truncate_messages(_conversation(4, 15_000), 20_000)
+    assert all(len(m["content"]) < 2_100 for m in out[2:] if m["role"] == "user")
+    assert len(out) == len(_conversation(4, 15_000))
+    # stage 3: many blocks, even blanked and cut, still too long -> the oldest blocks go first
+    msgs = _conversation(1500, 10)
+    out = truncate_messages(msgs, 20_000)
+    assert prompt_chars(out) <= 20_000 and out[:2] == msgs[:2] and out[-1] == msgs[-1]
+    assert "1499" in out[-2]["content"] and len(out) < len(msgs)
+
+
+def test_rollout_masks_env_tokens_and_keeps_turn_records():
+    model, tok = build_tiny(0)
+    envs = [gym.make("TextWatchRepair-v0") for _ in range(2)]
+    episodes = play_episodes(lambda c: hf_generate(model, tok, c, 12, 1.0), tok, envs, [7, 7], max_turns=6)
+    for e in episodes:
+        n = len(e.completion_ids)
+        assert len(e.env_mask) == len(e.logprobs) == len(e.turn_ids) == n
+        assert len(e.state_mutating) == len(e.turn_texts) == len(e.effects) == 6
+        assert e.turn_ids == sorted(e.turn_ids) and set(e.turn_ids) == set(range(6))
+        assert sum(e.state_mutating) <= 1  # only the first repair()/skip() mutates state
+        env_text = tok.decode([t for t, m in zip(e.completion_ids, e.env_mask) if m == 0])
+        assert "Turn 2 of 6" in env_text and "<|im_start|> user" in env_text
+        assert all(lp <= 0.0 for lp, m in zip(e.logprobs, e.env_mask) if m == 1)
+        assert e.final_text.startswith(e.turn_texts[-1][:20]) and "episode is over" in e.final_text
+    # the same seed is the same task: identical first observation and prompt
+    assert episodes[0].prompt_ids == episodes[1].prompt_ids
+
+
+def test_episode_batch_feeds_the_credit_rules():
+    e1 = Episode(task_seed=3, prompt_ids=[1], completion_ids=[5, 6, 9, 9, 7, 8], env_mask=[1, 1, 0, 0, 1, 1],
+                 turn_ids=[0, 0, 0, 0, 1, 1], state_mutating=[True, False], turn_texts=["repair() done", "wait"],
+                 final_text="over", episode_return=2.0)
+    e2 = Episode(task_seed=3, prompt_ids=[1], completion_ids=[5, 9, 7], env_mask=[1, 0, 1], turn_ids=[0, 0, 1],
+                 state_mutating=[False, False], turn_texts=["a", "b"], final_text="over", episode_return=-1.0)
+    batch = episode_batch([e1, e2], 6)
+    np.testing.assert_array_equal(batch.returns, [2.0, -1.0])
+    assert batch.rewards[0, 5] == 2.0 and batch.rewards[1, 2] == -1.0
+    np.testing.assert_array_equal(batch.step_turn[1], [0, 0, 1, -1, -1, -1])
+    np.testing.assert_allclose(LeaveOneOutRule().advantages(batch)[0], [3, 3, 0, 0, 3, 3])
+    # one bookmark per episode at most: paper rule -> LOO; "retrieve" -> 1 on turn 0, 0.05 on turn 1
+    np.testing.assert_allclose(VCBMBlendRule().advantages(batch), LeaveOneOutRule().advantages(batch))
+    w = VCBMBlendRule(few_bookmarks="retrieve").token_weights(batch)[0]
+    np.testing.assert_allclose(w, np.array([1, 1, 0, 0, 0.05, 0.05]) * 4 / 2.1)
+
+
+def test_algo_and_credit_must_agree():
+    with pytest.raises(ConfigError, match="credit='vcbm' for algo 'loop'"):
+        run(["--algo", "loop", "--env", "TextWatchRepair-v0", "--hyperparams", "credit=vcbm"])
+
+
+def _scalars(log_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def _lora_b_norm(adapter_dir):
+    from safetensors.torch import load_file
+
+    weights = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    return sum(float(v.abs().sum()) for k, v in weights.items() if "lora_B" in k)
+
+
+@pytest.mark.slow
+def test_vcbm_loop_trains_logs_and_resumes_to_the_same_metrics(tmp_path):
+    common = ["--algo", "vcbm-loop", "--env", "TextWatchRepair-v0", "--model", "tiny", "--no-progress",
+              "--checkpoint-every", "1"]
+    full = run(common + ["--iterations", "3", "--log-dir", str(tmp_path / "full")])
+    assert full["iterations_run"] == 3 and full["memory_size"] > 0
+    assert _lora_b_norm(tmp_path / "full" / "adapter") > 0  # LoRA B starts at 0: only gradients move it
+    scalars = _scalars(tmp_path / "full")
+    for tag in SPEC_METRICS:
+        assert [step for step, _ in scalars[tag]] == [1, 2, 3], tag
+    assert scalars["loop/max_importance_weight"][-1][1] >= 1.0
+    # the trainer's log-probs of the generated tokens match the rollout's: the sequence is built right
+    assert full["final_max_sampling_logprob_diff"] < 1e-4
+
+    # a run killed after iteration 2, then resumed from its checkpoint
+    run(common + ["--iterations", "2", "--log-dir", str(tmp_path / "killed")])
+    resumed = run(common + ["--iterations", "3", "--resume", "--log-dir", str(tmp_path / "killed")])
+    assert resumed["resumed_from"].endswith("checkpoint-4")
+    finals = {k: v for k, v in full.items() if k.startswith("final_")}
+    assert finals and finals == {k: v for k, v in resumed.items() if k.startswith("final_")}
+    assert json.loads((tmp_path / "killed" / "summary.json").read_text())["final_iteration"] == 3
+
+
+@pytest.mark.slow
+def test_high_kl_abort_discards_the_iteration(tmp_path):
+    summary = run(["--algo", "loop", "--env", "TextWatchRepair-v0", "--model", "tiny", "--no-progress",
+                   "--iterations", "1", "--log-dir", str(tmp_path), "--hyperparams", "kl_abort=1.0e-12"])
+    # the first epoch moves the weights, the second sees KL > threshold: the iteration is undone
+    assert summary["final_iteration_aborted"] == 1.0 and summary["final_aborted_iterations"] == 1.0
+    assert summary["final_kl_estimate"] > 1e-12
+    assert summary["lora_weight_change_l2"] == 0.0
+    assert _lora_b_norm(tmp_path / "adapter") == 0.0
+
+
+def test_scripted_rollout_records_the_decision_and_truncates_only_the_model_context():
+    _, tok = build_tiny(0)
+    answers = iter(["Thought : fix it Action : repair ( )"] + ["Action : wait ( )"] * 5)
+    seen = []
+
+    def scripted(contexts):
+        seen.append(len(contexts[0]))
+        ids = tok(next(answers), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        return [(ids, [-0.5] * len(ids))]
+
+    env = gym.make("TextWatchRepair-v0")
+    (e,) = play_episodes(scripted, tok, [env], [11], max_turns=6, truncation_chars=1_200)
+    assert e.state_mutating == [True] + [False] * 5
+    assert e.effects == ["repair"] + ["wait"] * 5
+    assert "repair() done" in e.turn_texts[0] and "bumps" in e.turn_texts[1]
+    # past 1,200 characters the model sees the truncated conversation; the training sequence keeps all
+    truncated = 0
+    for t in range(6):
+        untruncated = len(e.prompt_ids) + e.turn_ids.index(t)  # the sequence up to turn t's answer
+        if prompt_chars(e.messages[: 2 + 2 * t]) > 1_200:
+            assert seen[t] < untruncated
+            truncated += 1
+        else:
+            assert seen[t] == untruncated
+    assert 0 < truncated < 6
+    generated = [t for t, m in zip(e.completion_ids, e.env_mask) if m == 1]
+    assert tok.decode(generated).count("wait") == 5 and e.logprobs.count(-0.5) == len(generated)
