@@ -1,0 +1,265 @@
+"""Evaluate a policy on an AppWorld split: TGC and SGC overall and per difficulty (paper Table III).
+
+    python -m algorithms.evaluate --env AppWorld-v0 --split dev --model NAME --out DIR
+
+NAME is
+- `scripted:oracle`: each task's reference cells (`ground_truth/solution_cells.json`, written by
+  the synthetic generator; the real AppWorld data ships no such file);
+- `scripted:FILE.json`: `{task_id: [code, ...]}` cells to play, with `"*"` as the default for tasks
+  not listed;
+- `tiny` (a random tiny model, offline) or a transformers causal LM name/path: a ReAct agent with
+  AppWorld's prompt (`envs.appworld.prompt`), greedy decoding.
+
+Every task of the split is played once (`--max-tasks` keeps the first N). A policy that stops
+before the episode ends is scored on the world as it left it. Scores come from AppWorld's own
+evaluator and `Metric` (run inside the AppWorld server). Writes DIR/results.json (per task),
+DIR/metrics.json and DIR/table.md; prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from algorithms.common.errors import VcbmGymError
+
+Policy = Callable[[str, list[dict]], str | None]  # (task_id, messages) -> code, None = stop
+
+
+def scripted_policy(spec: str, data_root: Path) -> Policy:
+    """Play fixed code cells; `spec` is "oracle" or a JSON file {task_id | "*": [code, ...]}."""
+    if spec == "oracle":
+
+        def cells_of(task_id: str) -> list[str]:
+            path = data_root / "data" / "tasks" / task_id / "ground_truth" / "solution_cells.json"
+            if not path.exists():
+                raise VcbmGymError(
+                    f"scripted:oracle needs {path} (synthetic tasks only); expected a synthetic data root"
+                )
+            return json.loads(path.read_text())
+    else:
+        path = Path(spec)
+        if not path.exists():
+            raise VcbmGymError(
+                f"--model scripted:{spec}: no such file; expected scripted:oracle or scripted:FILE.json"
+            )
+        table = json.loads(path.read_text())
+
+        def cells_of(task_id: str) -> list[str]:
+            return list(table.get(task_id, table.get("*", [])))
+
+    def policy(task_id: str, messages: list[dict]) -> str | None:
+        cells = cells_of(task_id)
+        turn = sum(1 for m in messages if m["role"] == "assistant")
+        return cells[turn] if turn < len(cells) else None
+
+    return policy
+
+
+def model_policy(name: str, seed: int, max_new_tokens: int, max_prompt_chars: int) -> Policy:
+    """A ReAct agent over a causal LM (greedy); the prompt is truncated like the LOOP trainer's."""
+    import torch
+
+    if name == "tiny":
+        from algorithms.llm.tiny import build_tiny
+
+        model, tokenizer = build_tiny(seed)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(name)
+            model = AutoModelForCausalLM.from_pretrained(name, dtype="auto")
+        except OSError as error:
+            raise VcbmGymError(
+                f"--model {name!r} could not be loaded ({error}); expected scripted:..., tiny, or a model path/name"
+            ) from None
+    model.eval()
+    try:
+        from algorithms.llm.prompting import truncate_messages
+    except ImportError:  # the trainer's helper is optional here
+
+        def truncate_messages(messages, max_chars):
+            return messages
+
+    def policy(task_id: str, messages: list[dict]) -> str | None:
+        prompt = tokenizer.apply_chat_template(
+            truncate_messages(messages, max_prompt_chars), add_generation_prompt=True, tokenize=False
+        )
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(model.device)
+        with torch.no_grad():
+            out = model.generate(
+                **ids,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id,
+            )
+        return tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
+
+    return policy
+
+
+def table_iii(metrics: dict, mean_return: float) -> list[tuple[str, float | None]]:
+    """Rows of the paper's Table III (fractions, not percent), plus SGC; a difficulty with no
+    task is None (AppWorld's Metric would report 0 for it)."""
+    rows = {
+        row: dict(zip(metrics["table"]["type"], metrics["table"][row]))
+        for row in ("task_goal_completion", "scenario_goal_completion")
+    }
+
+    def cell(row: str, key: str) -> float | None:
+        if key.startswith("difficulty_") and not metrics["counts"].get(key.removeprefix("difficulty_"), 0):
+            return None
+        value = rows[row].get(key)
+        return None if value is None else value / 100.0
+
+    tgc = [cell("task_goal_completion", f"difficulty_{d}") for d in (1, 2, 3)]
+    present = [value for value in tgc if value is not None]
+    return [
+        ("return", mean_return),
+        ("TGC, all diff.", cell("task_goal_completion", "aggregate")),
+        ("TGC, diff.-avg.", sum(present) / len(present) if present else None),
+        *[(f"TGC, difficulty {d}", value) for d, value in zip((1, 2, 3), tgc)],
+        ("SGC, all diff.", cell("scenario_goal_completion", "aggregate")),
+        *[(f"SGC, difficulty {d}", cell("scenario_goal_completion", f"difficulty_{d}")) for d in (1, 2, 3)],
+    ]
+
+
+def format_table(rows: list[tuple[str, float | None]], model: str, counts: dict) -> str:
+    lines = [f"| Metric | {model} |", "|---|---|"]
+    lines += [f"| {name} | {'n/a' if value is None else f'{value:.4f}'} |" for name, value in rows]
+    lines.append(f"\nTasks per difficulty: {json.dumps(counts)}")
+    return "\n".join(lines)
+
+
+def evaluate(args: argparse.Namespace) -> dict:
+    import gymnasium as gym
+
+    import vcbm_gym  # noqa: F401  (registers AppWorld-v0)
+    from envs.appworld.pool import AppWorldServerError, default_root
+    from envs.appworld.prompt import system_prompt
+
+    if args.env != "AppWorld-v0":
+        raise VcbmGymError(f"--env {args.env!r}: this evaluator scores AppWorld tasks; expected AppWorld-v0")
+    data_root = Path(args.appworld_root or default_root())
+    if args.model.startswith("scripted:"):
+        policy = scripted_policy(args.model.removeprefix("scripted:"), data_root)
+    else:
+        policy = model_policy(args.model, args.seed, args.max_new_tokens, args.max_prompt_chars)
+
+    env_kwargs = {"split": args.split, "max_interactions": args.max_interactions}
+    if args.appworld_root:
+        env_kwargs["appworld_root"] = args.appworld_root
+    env = gym.make("AppWorld-v0", **env_kwargs)
+    appworld = env.unwrapped
+    try:
+        try:
+            task_ids = appworld.task_ids(args.split, args.difficulty)
+        except AppWorldServerError as error:
+            raise VcbmGymError(f"--split {args.split!r}: {error}") from None
+        task_ids = task_ids[: args.max_tasks] if args.max_tasks else task_ids
+        if not task_ids:
+            raise VcbmGymError(f"--split {args.split!r} (difficulty {args.difficulty}) has no tasks")
+        results, returns = {}, {}
+        for task_id in task_ids:
+            observation, info = env.reset(seed=args.seed, options={"task_id": task_id})
+            messages = [
+                {"role": "system", "content": system_prompt()},
+                {"role": "user", "content": observation},
+            ]
+            done, reward, step_info = False, 0.0, {}
+            while not done:
+                action = policy(task_id, messages)
+                if action is None:
+                    break
+                observation, reward, terminated, truncated, step_info = env.step(action)
+                messages += [
+                    {"role": "assistant", "content": action},
+                    {"role": "user", "content": observation},
+                ]
+                done = terminated or truncated
+            try:
+                evaluation = step_info["evaluation"] if done else appworld.evaluate()
+            except AppWorldServerError as error:
+                raise VcbmGymError(
+                    f"task {task_id!r} of --split {args.split!r} cannot be scored: {error}"
+                ) from None
+            if evaluation is None:
+                raise VcbmGymError(
+                    f"task {task_id!r} of --split {args.split!r} has no ground truth to score against"
+                )
+            if not done:
+                reward = (
+                    evaluation["pass_count"] / evaluation["num_tests"] if evaluation["num_tests"] else 0.0
+                )
+            results[task_id] = evaluation
+            returns[task_id] = float(reward)
+            print(
+                f"{task_id}: difficulty {evaluation['difficulty']}, passed {evaluation['pass_count']}/{evaluation['num_tests']}, "
+                f"success {evaluation['success']}, turns {sum(1 for m in messages if m['role'] == 'assistant')}",
+                file=sys.stderr,
+            )
+        metrics = appworld.metrics(results)
+    finally:
+        env.close()
+    counts: dict[str, int] = {}
+    for evaluation in results.values():
+        counts[str(evaluation["difficulty"])] = counts.get(str(evaluation["difficulty"]), 0) + 1
+    metrics["counts"] = counts
+    mean_return = sum(returns.values()) / len(returns)
+    rows = table_iii(metrics, mean_return)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(
+        json.dumps({t: {**results[t], "return": returns[t]} for t in results}, indent=2)
+    )
+    summary = {
+        "env": args.env,
+        "split": args.split,
+        "model": args.model,
+        "num_tasks": len(results),
+        "mean_return": mean_return,
+        "table_iii": dict(rows),
+        "appworld_metrics": metrics,
+    }
+    (out / "metrics.json").write_text(json.dumps(summary, indent=2))
+    table = format_table(rows, args.model, counts)
+    (out / "table.md").write_text(table + "\n")
+    print(table)
+    return summary
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--env", default="AppWorld-v0")
+    parser.add_argument(
+        "--split", default="dev", help="AppWorld dataset: train, dev, test_normal, test_challenge"
+    )
+    parser.add_argument(
+        "--model", required=True, help="scripted:oracle, scripted:FILE.json, tiny, or a HF causal LM"
+    )
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--difficulty", type=int, choices=(1, 2, 3), default=None)
+    parser.add_argument("--max-tasks", type=int, default=0, help="evaluate only the first N tasks (0 = all)")
+    parser.add_argument("--max-interactions", type=int, default=50)
+    parser.add_argument("--max-new-tokens", type=int, default=1500)
+    parser.add_argument("--max-prompt-chars", type=int, default=20_000)
+    parser.add_argument("--appworld-root", default=None, help="data root (default $VCBM_APPWORLD_ROOT)")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    try:
+        return evaluate(args)
+    except VcbmGymError as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()
