@@ -1,0 +1,494 @@
+"""RUDDER return redistribution (paper 000, Sec. II-B, Eq. 3-5; SPEC section 3).
+
+Read top to bottom:
+
+1. `featurize`: per step, the state [flag, counter1, counter2, one-hot brand, t / T] as a difference
+   from the previous step (the first step raw), plus the one-hot action: 8 + 2 features. It reads
+   observation and action arrays only, never an env.
+2. `GatelessLSTM`: forget and output gates removed. Cell input z_t = tanh(W x_t + b) from the
+   current input only; input gate i_t = sigmoid(R h_{t-1} + b_i) from the recurrent state only;
+   c_t = c_{t-1} + i_t * z_t; h_t = c_t; prediction G_hat_t = Linear(16, 1)(h_t) (Eq. 3).
+3. `rudder_loss` (Eq. 4): squared error against G0 = G / R_scale at the last step plus
+   lambda_aux = 0.5 times the mean squared error over all prefixes.
+4. `LessonBuffer`: FIFO of 2,048 featurised episodes, uniform batches of 8 from its own seeded rng.
+5. `train_until_converged`: one training event = Adam steps on fresh batches until an exponential
+   running average of the main loss (reset to 0.3 at each event, decay 0.99) falls below 0.15, or
+   a step cap; the step count is returned for logging. The step itself (`loss_and_gradients`,
+   `adam_step`) is written out in numpy over the torch module's float64 parameters: a 50-step
+   recurrence through autograd costs several times more in per-op overhead, and a run needs
+   ~10^4 steps. Both are tested against torch autograd and torch.optim.Adam. A single Adam step
+   per event never learns the brand effect (SPEC section 3; measured: 0 of 3 seeds converge in
+   10,000 episodes): the schedule, not the model, is the delicate part.
+6. `redistribute` (Eq. 5): r_t = R_scale (G_hat_t - G_hat_{t-1}), G_hat_{-1} = 0; sums to
+   R_scale * G_hat_T.
+7. `RudderRule`: the CreditRule wrapper: `observe` fills the buffer and trains on schedule
+   (start once the buffer holds > 256 episodes with > 1 distinct return, then every 25 episodes);
+   `advantages` returns the redistributed rewards (the raw rewards before the first training event).
+
+Choices where SPEC and paper are silent (config fields of `RudderCreditConfig`):
+- Initialisation: every weight matrix N(0, 0.1); the input-gate bias b_i = -3 (so i_0 ~ 0.05 and
+  the cell integrates slowly); the cell-input and output biases 0.
+- The running loss is an exponential moving average with decay 0.99 restarted at 0.3 at each
+  event: this reproduces SPEC's "at least ~69 Adam steps per event" (0.3 * 0.99^69 < 0.15).
+- Cap: 2,000 Adam steps per event (logged, so a capped event is visible).
+- Observations are the states the actions were taken in (s_0 .. s_{T-1}); the terminal state is not
+  an input (EpisodeBatch has one observation per step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.special import expit
+from torch import nn
+
+from vcbm_gym.credit.base import CreditRule, EpisodeBatch
+
+
+@dataclass
+class RudderCreditConfig:
+    horizon: int = 50  # T in the t / T feature
+    n_brands: int = 4
+    n_actions: int = 2
+    hidden_size: int = 16
+    init_std: float = 0.1
+    input_gate_bias_init: float = -3.0
+    reward_scale: float = 10.0  # R_scale: the LSTM predicts G0 = G / R_scale
+    aux_loss_weight: float = 0.5  # lambda_aux in Eq. 4
+    learning_rate: float = 1e-2
+    weight_decay: float = 1e-6
+    buffer_capacity: int = 2048
+    batch_size: int = 8
+    min_buffer_episodes: int = 256  # train once the buffer holds more than this many episodes
+    train_every: int = 25  # episodes between training events
+    loss_threshold: float = 0.15
+    running_loss_init: float = 0.3
+    running_loss_decay: float = 0.99
+    max_steps_per_event: int = 2000
+
+    def __post_init__(self) -> None:
+        for name in ("horizon", "n_brands", "n_actions", "hidden_size", "buffer_capacity", "batch_size", "train_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: expected an integer >= 1")
+        if self.max_steps_per_event < 1:
+            raise ValueError(f"max_steps_per_event={self.max_steps_per_event}: expected an integer >= 1")
+        if not 0.0 <= self.running_loss_decay < 1.0:
+            raise ValueError(f"running_loss_decay={self.running_loss_decay}: expected a value in [0, 1)")
+
+    @property
+    def n_features(self) -> int:
+        return 3 + self.n_brands + 1 + self.n_actions
+
+
+def featurize(observations: np.ndarray, actions: np.ndarray, horizon: int, n_brands: int = 4, n_actions: int = 2) -> np.ndarray:
+    """(B, T, 5) observations [flag, c1, c2, brand, t] and (B, T) actions -> (B, T, 8 + n_actions) float32.
+
+    The 8 state features (flag, c1, c2, one-hot brand, t / horizon) enter as differences from the
+    previous step, the first step raw (SPEC section 3); the action enters one-hot at every step.
+    A single episode ((T, 5), (T,)) is accepted and returns (T, F).
+    """
+    obs = np.asarray(observations)
+    acts = np.asarray(actions)
+    single = obs.ndim == 2
+    if single:
+        obs, acts = obs[None], acts[None]
+    if obs.ndim != 3 or obs.shape[-1] != 5 or acts.shape != obs.shape[:2]:
+        raise ValueError(f"observations {obs.shape} and actions {acts.shape}: expected (B, T, 5) and (B, T)")
+    brand = obs[..., 3].astype(np.int64)
+    if brand.min(initial=0) < 0 or brand.max(initial=0) >= n_brands:
+        raise ValueError(f"brand values outside [0, {n_brands - 1}] in the observations")
+    if acts.min(initial=0) < 0 or acts.max(initial=0) >= n_actions:
+        raise ValueError(f"action values outside [0, {n_actions - 1}]")
+    state = np.concatenate(
+        [obs[..., :3].astype(np.float32), np.eye(n_brands, dtype=np.float32)[brand], obs[..., 4:5].astype(np.float32) / horizon],
+        axis=-1,
+    )
+    diffs = np.diff(state, axis=1, prepend=np.zeros_like(state[:, :1]))
+    features = np.concatenate([diffs, np.eye(n_actions, dtype=np.float32)[acts.astype(np.int64)]], axis=-1)
+    return features[0] if single else features
+
+
+def recurrence_forward(z: np.ndarray, recurrent: np.ndarray, gate_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Time-major (T, B, H) cell inputs -> (gates i_t, cells c_t): i_t = sigmoid(R c_{t-1} + b_i), c_t = c_{t-1} + i_t z_t."""
+    r_t = np.ascontiguousarray(recurrent.T)
+    gates = np.empty_like(z)
+    cells = np.empty_like(z)
+    c = np.zeros(z.shape[1:])
+    for t in range(len(z)):
+        g = gates[t]
+        np.matmul(c, r_t, out=g)
+        g += gate_bias
+        expit(g, out=g)
+        c = cells[t]
+        np.multiply(g, z[t], out=c)
+        if t:
+            c += cells[t - 1]
+    return gates, cells
+
+
+def recurrence_backward(
+    z: np.ndarray, recurrent: np.ndarray, gates: np.ndarray, cells: np.ndarray, d_out: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Backpropagation through time of `recurrence_forward`: dL/dc_t given directly as `d_out` (T, B, H)
+    -> (dL/dz, dL/dR, dL/db_i)."""
+    d_cells = np.empty_like(z)  # dL/dc_t along all paths
+    gate_slope = z * gates * (1.0 - gates)  # d c_t / d a_t, a_t the gate pre-activation
+    d_pre = np.empty_like(z)
+    for t in range(len(z) - 1, -1, -1):
+        dc = d_cells[t]
+        if t + 1 < len(z):
+            np.add(d_out[t], d_cells[t + 1], out=dc)
+            dc += d_pre[t + 1] @ recurrent  # through the next gate: a_{t+1} = R c_t + b_i
+        else:
+            dc[...] = d_out[t]
+        np.multiply(dc, gate_slope[t], out=d_pre[t])
+    d_recurrent = np.einsum("tbh,tbk->hk", d_pre[1:], cells[:-1])  # a_0 sees c_{-1} = 0
+    return d_cells * gates, d_recurrent, d_pre.sum(axis=(0, 1))
+
+
+class GatelessRecurrence(torch.autograd.Function):
+    """The recurrence with backpropagation through time written by hand (numpy, float64).
+
+    Why by hand: autograd over 50 tiny steps spends most of an Adam step in per-op overhead, and a
+    training event needs ~80 steps. `GatelessLSTM.cell_states_autograd` is the plain-autograd
+    reference this is tested against.
+    """
+
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, recurrent: torch.Tensor, gate_bias: torch.Tensor) -> torch.Tensor:
+        zs = np.ascontiguousarray(z.detach().double().numpy().transpose(1, 0, 2))  # time-major (T, B, H)
+        r = recurrent.detach().double().numpy()
+        gates, cells = recurrence_forward(zs, r, gate_bias.detach().double().numpy())
+        ctx.arrays = (zs, r, gates, cells)
+        ctx.dtypes = (z.dtype, recurrent.dtype, gate_bias.dtype)
+        return torch.from_numpy(cells.transpose(1, 0, 2).copy()).to(z.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_cells: torch.Tensor):
+        zs, r, gates, cells = ctx.arrays
+        d_out = np.ascontiguousarray(grad_cells.detach().double().numpy().transpose(1, 0, 2))
+        d_z, d_r, d_b = recurrence_backward(zs, r, gates, cells, d_out)
+        z_dtype, r_dtype, b_dtype = ctx.dtypes
+        return (
+            torch.from_numpy(d_z.transpose(1, 0, 2).copy()).to(z_dtype),
+            torch.from_numpy(d_r).to(r_dtype),
+            torch.from_numpy(d_b).to(b_dtype),
+        )
+
+
+class GatelessLSTM(nn.Module):
+    """Eq. 3: an LSTM with forget and output gates removed (a stock nn.LSTM is not this model).
+
+    z_t = tanh(W x_t + b); i_t = sigmoid(R h_{t-1} + b_i); c_t = c_{t-1} + i_t * z_t; h_t = c_t;
+    G_hat_t = v . h_t + v_0. The tanh on the cell input matters: with a linear cell input the
+    score of repair minus keep is the same for every brand and the task cannot be learned.
+    """
+
+    def __init__(self, n_features: int, hidden_size: int = 16, init_std: float = 0.1, input_gate_bias: float = -3.0, seed: int = 0):
+        super().__init__()
+        self.cell_input = nn.Linear(n_features, hidden_size)  # W, b
+        self.recurrent_gate = nn.Linear(hidden_size, hidden_size, bias=False)  # R
+        self.gate_bias = nn.Parameter(torch.full((hidden_size,), float(input_gate_bias)))  # b_i
+        self.readout = nn.Linear(hidden_size, 1)
+        generator = torch.Generator().manual_seed(int(seed))
+        with torch.no_grad():
+            for weight in (self.cell_input.weight, self.recurrent_gate.weight, self.readout.weight):
+                weight.normal_(0.0, init_std, generator=generator)
+            self.cell_input.bias.zero_()
+            self.readout.bias.zero_()
+
+    def cell_states(self, features: torch.Tensor) -> torch.Tensor:
+        """(B, T, F) -> (B, T, H) cell states c_t (= h_t), through the hand-written BPTT of `GatelessRecurrence`."""
+        z = torch.tanh(self.cell_input(features))  # depends on x_t only: computed for all t at once
+        return GatelessRecurrence.apply(z, self.recurrent_gate.weight, self.gate_bias)
+
+    def cell_states_autograd(self, features: torch.Tensor) -> torch.Tensor:
+        """The same recurrence step by step in torch autograd: the reference `cell_states` is tested against."""
+        z = torch.tanh(self.cell_input(features))
+        c = features.new_zeros(features.shape[0], z.shape[-1])
+        states = []
+        for t in range(features.shape[1]):
+            gate = torch.sigmoid(self.recurrent_gate(c) + self.gate_bias)  # h_{t-1} = c_{t-1}
+            c = c + gate * z[:, t]
+            states.append(c)
+        return torch.stack(states, dim=1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """(B, T, F) -> (B, T) return predictions G_hat_t (in units of R_scale) after every prefix."""
+        return self.readout(self.cell_states(features)).squeeze(-1)
+
+
+def rudder_loss(predictions: torch.Tensor, target: torch.Tensor, lengths: torch.Tensor, aux_weight: float = 0.5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Eq. 4: (main + aux_weight * aux, main, aux) for (B, T) predictions and (B,) targets G0.
+
+    main = mean_b (G_hat_{T_b - 1} - G0_b)^2 at each episode's last step; aux = mean over every
+    real step of (G_hat_t - G0)^2 (padding beyond `lengths` is ignored).
+    """
+    steps = torch.arange(predictions.shape[1], device=predictions.device)
+    valid = (steps[None, :] < lengths[:, None]).to(predictions.dtype)
+    errors = (predictions - target[:, None]) ** 2
+    main = errors.gather(1, (lengths - 1)[:, None]).mean()
+    aux = ((errors * valid).sum(1) / lengths.to(predictions.dtype)).mean()
+    return main + aux_weight * aux, main, aux
+
+
+class LessonBuffer:
+    """FIFO ring buffer of featurised episodes with their returns; uniform sampling from a seeded rng."""
+
+    def __init__(self, capacity: int, max_length: int, n_features: int, seed: int = 0) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity={capacity}: expected >= 1")
+        self.capacity = capacity
+        self.features = np.zeros((capacity, max_length, n_features), dtype=np.float32)
+        self.lengths = np.zeros(capacity, dtype=np.int64)
+        self.returns = np.zeros(capacity, dtype=np.float64)
+        self.size = 0
+        self.next_slot = 0  # the oldest entry once full
+        self.rng = np.random.default_rng(np.random.SeedSequence([seed, 0x1E5]))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, features: np.ndarray, episode_return: float) -> None:
+        length = len(features)
+        if not 1 <= length <= self.features.shape[1] or features.shape[1] != self.features.shape[2]:
+            raise ValueError(f"episode features {features.shape}: expected (1..{self.features.shape[1]}, {self.features.shape[2]})")
+        slot = self.next_slot
+        self.features[slot] = 0.0
+        self.features[slot, :length] = features
+        self.lengths[slot] = length
+        self.returns[slot] = episode_return
+        self.next_slot = (slot + 1) % self.capacity
+        self.size = min(self.size + 1, self.capacity)
+
+    def distinct_returns(self) -> int:
+        return len(np.unique(self.returns[: self.size]))
+
+    def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Uniform with replacement over the stored episodes: (features, lengths, returns)."""
+        if self.size == 0:
+            raise ValueError("cannot sample from an empty lesson buffer")
+        idx = self.rng.integers(self.size, size=batch_size)
+        return self.features[idx], self.lengths[idx], self.returns[idx]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "features": self.features.copy(),
+            "lengths": self.lengths.copy(),
+            "returns": self.returns.copy(),
+            "size": self.size,
+            "next_slot": self.next_slot,
+            "rng": self.rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.features = np.array(state["features"], dtype=np.float32)
+        self.lengths = np.array(state["lengths"], dtype=np.int64)
+        self.returns = np.array(state["returns"], dtype=np.float64)
+        self.capacity = len(self.returns)
+        self.size, self.next_slot = int(state["size"]), int(state["next_slot"])
+        self.rng.bit_generator.state = state["rng"]
+
+
+PARAMETER_NAMES = ("cell_input.weight", "cell_input.bias", "recurrent_gate.weight", "gate_bias", "readout.weight", "readout.bias")
+
+
+def parameter_arrays(model: GatelessLSTM) -> list[np.ndarray]:
+    """Numpy views (shared memory) of the model's float64 parameters, in PARAMETER_NAMES order."""
+    named = dict(model.named_parameters())
+    arrays = [named[name].detach().numpy() for name in PARAMETER_NAMES]
+    if any(a.dtype != np.float64 for a in arrays):
+        raise TypeError("the fast RUDDER trainer works on a float64 model: call model.double()")
+    return arrays
+
+
+def loss_and_gradients(
+    params: list[np.ndarray], features: np.ndarray, lengths: np.ndarray, targets: np.ndarray, aux_weight: float
+) -> tuple[float, float, list[np.ndarray]]:
+    """Eq. 4 and its gradient by hand, the same numbers as `rudder_loss` on `GatelessLSTM` with autograd
+    (tested): (main, aux, gradients in PARAMETER_NAMES order) for a (B, T, F) batch."""
+    weight, bias, recurrent, gate_bias, readout, readout_bias = params
+    x = np.ascontiguousarray(features.transpose(1, 0, 2), dtype=np.float64)  # (T, B, F)
+    z = np.tanh(x @ weight.T + bias)
+    gates, cells = recurrence_forward(z, recurrent, gate_bias)
+    predictions = cells @ readout[0] + readout_bias[0]  # (T, B)
+    n_steps, batch = predictions.shape
+    rows = np.arange(batch)
+    valid = np.arange(n_steps)[:, None] < lengths[None, :]
+    errors = predictions - targets[None, :]
+    last = errors[lengths - 1, rows]
+    main = float(np.mean(last**2))
+    aux = float(np.mean((errors**2 * valid).sum(axis=0) / lengths))
+    d_pred = (2.0 * aux_weight / batch) * errors * valid / lengths[None, :]
+    d_pred[lengths - 1, rows] += 2.0 * last / batch
+    d_readout = np.einsum("tb,tbh->h", d_pred, cells)[None, :]
+    d_z, d_recurrent, d_gate_bias = recurrence_backward(z, recurrent, gates, cells, d_pred[:, :, None] * readout[0])
+    d_pre = d_z * (1.0 - z**2)
+    d_weight = np.einsum("tbh,tbf->hf", d_pre, x)
+    return main, aux, [d_weight, d_pre.sum(axis=(0, 1)), d_recurrent, d_gate_bias, d_readout, np.array([d_pred.sum()])]
+
+
+@dataclass
+class AdamState:
+    """torch.optim.Adam's state (L2 weight decay added to the gradient, bias-corrected moments)."""
+
+    step: int
+    exp_avg: list[np.ndarray]
+    exp_avg_sq: list[np.ndarray]
+
+    @classmethod
+    def zeros_like(cls, params: list[np.ndarray]) -> AdamState:
+        return cls(0, [np.zeros_like(p) for p in params], [np.zeros_like(p) for p in params])
+
+
+def adam_step(params: list[np.ndarray], grads: list[np.ndarray], state: AdamState, lr: float, weight_decay: float,
+              betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+    """One torch.optim.Adam step, in place on the parameter arrays (tested against torch)."""
+    beta1, beta2 = betas
+    state.step += 1
+    correction1, correction2 = 1.0 - beta1**state.step, 1.0 - beta2**state.step
+    for param, grad, m, v in zip(params, grads, state.exp_avg, state.exp_avg_sq):
+        grad = grad + weight_decay * param
+        m *= beta1
+        m += (1.0 - beta1) * grad
+        v *= beta2
+        v += (1.0 - beta2) * grad * grad
+        param -= (lr / correction1) * m / (np.sqrt(v) / np.sqrt(correction2) + eps)
+
+
+@dataclass
+class TrainingEvent:
+    steps: int
+    main_loss: float  # the last batch's main loss
+    aux_loss: float
+    running_loss: float
+    capped: bool
+
+
+def train_until_converged(model: GatelessLSTM, adam: AdamState, buffer: LessonBuffer, cfg: RudderCreditConfig) -> TrainingEvent:
+    """One training event: Adam steps on fresh uniform batches until the running main loss < threshold."""
+    params = parameter_arrays(model)
+    running = cfg.running_loss_init
+    main = aux = float("nan")
+    step = 0
+    while running >= cfg.loss_threshold and step < cfg.max_steps_per_event:
+        features, lengths, returns = buffer.sample(cfg.batch_size)
+        main, aux, grads = loss_and_gradients(params, features, lengths, returns / cfg.reward_scale, cfg.aux_loss_weight)
+        adam_step(params, grads, adam, cfg.learning_rate, cfg.weight_decay)
+        running = cfg.running_loss_decay * running + (1.0 - cfg.running_loss_decay) * main
+        step += 1
+    return TrainingEvent(step, main, aux, running, running >= cfg.loss_threshold)
+
+
+@torch.no_grad()
+def redistribute(model: GatelessLSTM, features: np.ndarray | torch.Tensor, reward_scale: float = 10.0, lengths: np.ndarray | None = None) -> np.ndarray:
+    """Eq. 5: r_t = R_scale (G_hat_t - G_hat_{t-1}), G_hat_{-1} = 0, for (B, T, F) or (T, F) features.
+
+    Telescopes: sum_t r_t = R_scale * G_hat at the episode's last step. Steps at or past `lengths`
+    (padding) get 0.
+    """
+    dtype = next(model.parameters()).dtype
+    x = features.to(dtype) if torch.is_tensor(features) else torch.as_tensor(np.asarray(features), dtype=dtype)
+    single = x.ndim == 2
+    if single:
+        x = x[None]
+    predictions = model(x).double().numpy()
+    rewards = reward_scale * np.diff(predictions, axis=1, prepend=0.0)
+    if lengths is not None:
+        rewards = np.where(np.arange(rewards.shape[1])[None, :] < np.asarray(lengths)[:, None], rewards, 0.0)
+    return rewards[0] if single else rewards
+
+
+class RudderRule(CreditRule):
+    """RUDDER as a credit rule: observe(batch) trains the LSTM on schedule; advantages(batch) redistributes.
+
+    The batch must carry `observations` (B, T, 5) and `actions` (B, T); each episode's real steps
+    are a prefix of its row (`mask`). Training-event statistics are kept in `last_event`.
+    """
+
+    name = "rudder"
+
+    def __init__(self, config: RudderCreditConfig | None = None, seed: int = 0, **overrides: Any) -> None:
+        cfg = config or RudderCreditConfig()
+        if overrides:
+            unknown = sorted(set(overrides) - set(asdict(cfg)))
+            if unknown:
+                raise ValueError(f"unknown RudderRule option(s) {unknown}; expected fields of RudderCreditConfig: {sorted(asdict(cfg))}")
+            cfg = RudderCreditConfig(**{**asdict(cfg), **overrides})
+        self.config = cfg
+        self.model = GatelessLSTM(cfg.n_features, cfg.hidden_size, cfg.init_std, cfg.input_gate_bias_init, seed).double()
+        self.adam = AdamState.zeros_like(parameter_arrays(self.model))
+        self.buffer = LessonBuffer(cfg.buffer_capacity, cfg.horizon, cfg.n_features, seed)
+        self.episodes_seen = 0
+        self.training_events = 0
+        self.last_event: TrainingEvent | None = None
+
+    @property
+    def trained(self) -> bool:
+        return self.training_events > 0
+
+    def _features(self, batch: EpisodeBatch) -> tuple[np.ndarray, np.ndarray]:
+        if batch.observations is None or batch.actions is None:
+            raise ValueError("RudderRule needs batch.observations (B, T, 5) and batch.actions (B, T)")
+        lengths = batch.mask.sum(axis=1)
+        if not np.array_equal(batch.mask, np.arange(batch.mask.shape[1])[None, :] < lengths[:, None]):
+            raise ValueError("RudderRule expects each episode's real steps to be a prefix of its row (mask)")
+        if batch.mask.shape[1] > self.config.horizon:
+            raise ValueError(f"episodes of {batch.mask.shape[1]} steps: expected at most horizon={self.config.horizon}")
+        actions = np.where(batch.mask, batch.actions, 0)
+        cfg = self.config
+        return featurize(batch.observations, actions, cfg.horizon, cfg.n_brands, cfg.n_actions), lengths
+
+    def _training_due(self) -> bool:
+        cfg = self.config
+        return (
+            self.episodes_seen % cfg.train_every == 0
+            and len(self.buffer) > cfg.min_buffer_episodes
+            and self.buffer.distinct_returns() > 1
+        )
+
+    def observe(self, batch: EpisodeBatch) -> None:
+        """Add each episode to the lesson buffer; run a training event whenever the schedule says so."""
+        features, lengths = self._features(batch)
+        for feats, length, episode_return in zip(features, lengths, batch.returns):
+            self.buffer.add(feats[:length], float(episode_return))
+            self.episodes_seen += 1
+            if self._training_due():
+                self.last_event = train_until_converged(self.model, self.adam, self.buffer, self.config)
+                self.training_events += 1
+
+    def advantages(self, batch: EpisodeBatch) -> np.ndarray:
+        """Redistributed per-step rewards (Eq. 5); the raw rewards until the LSTM has been trained once."""
+        if not self.trained:
+            return np.where(batch.mask, batch.rewards, 0.0)
+        features, lengths = self._features(batch)
+        return redistribute(self.model, features, self.config.reward_scale, lengths)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "config": asdict(self.config),
+            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": {
+                "step": self.adam.step,
+                "exp_avg": [m.copy() for m in self.adam.exp_avg],
+                "exp_avg_sq": [v.copy() for v in self.adam.exp_avg_sq],
+            },
+            "buffer": self.buffer.state_dict(),
+            "episodes_seen": self.episodes_seen,
+            "training_events": self.training_events,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["config"] != asdict(self.config):
+            raise ValueError("RudderRule.load_state_dict: the saved config differs from this rule's config")
+        self.model.load_state_dict(state["model"])
+        optimizer = state["optimizer"]
+        self.adam = AdamState(
+            int(optimizer["step"]), [np.array(m) for m in optimizer["exp_avg"]], [np.array(v) for v in optimizer["exp_avg_sq"]]
+        )
+        self.buffer.load_state_dict(state["buffer"])
+        self.episodes_seen = int(state["episodes_seen"])
+        self.training_events = int(state["training_events"])
