@@ -1,0 +1,153 @@
+"""SB3 callbacks: a credit rule rewrites PPO/A2C advantages; a tracker stops at convergence.
+
+`CreditCallback(rule)` runs at the end of every rollout, after SB3 has computed GAE. Episode
+assembly from the RolloutBuffer (n_steps, n_envs): each env column is cut at `episode_starts`;
+an episode is *complete* when it starts inside this rollout and ends inside it (the last step of
+the rollout counts when SB3's final `dones` is set). Only complete episodes go to the rule (its
+`observe`, then `advantages`), and only their steps are rewritten:
+  advantages[t] = the rule's A_t;   returns[t] = sum_{s>=t} gamma^(s-t) r_s (Monte Carlo, what the
+  critic estimates; the episode is complete, so nothing needs bootstrapping).
+Steps of episodes cut by the rollout edge keep SB3's GAE advantage and TD(lambda) return (the
+critic bootstraps them): an episode split across two rollouts cannot have its first half
+re-weighted after it was optimised. Choose `n_steps` a multiple of the episode length (as
+zoo_configs/ppo.yml does for WatchRepair's 50 steps) and every episode is complete.
+The critic's V(s_0) of each episode is passed as extras["baseline"] (broadcast.py's "given"),
+SB3's GAE advantages as extras["advantages"] (vcbm_bookmark.py's advantage="given").
+Group ids (LOO, GRPO): "none" puts all episodes of the rollout in one group; "initial_obs"
+groups episodes that start from the same observation (on WatchRepair: the same brand).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from stable_baselines3.common.callbacks import BaseCallback
+
+from algorithms.common.convergence import ConvergenceTracker
+from algorithms.common.errors import VcbmGymError
+from vcbm_gym.credit.base import CreditRule, EpisodeBatch
+
+GROUP_BY = ("none", "initial_obs")
+
+
+def complete_episodes(episode_starts: np.ndarray, last_dones: np.ndarray) -> list[tuple[int, int, int]]:
+    """(env, start, stop) of every episode that starts and ends within the rollout, in env order."""
+    n_steps, n_envs = episode_starts.shape
+    episodes = []
+    for env in range(n_envs):
+        starts = np.flatnonzero(episode_starts[:, env] > 0).tolist()
+        stops = starts[1:] + ([n_steps] if bool(last_dones[env]) else [])
+        episodes.extend((env, start, stop) for start, stop in zip(starts, stops))
+    return episodes
+
+
+def group_ids_for(first_observations: np.ndarray, group_by: str) -> np.ndarray:
+    if group_by == "none":
+        return np.zeros(len(first_observations), dtype=np.int64)
+    if group_by == "initial_obs":
+        flat = first_observations.reshape(len(first_observations), -1)
+        return np.unique(flat, axis=0, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    raise ValueError(f"group_by={group_by!r}: expected one of {', '.join(GROUP_BY)}")
+
+
+def episode_batch(episodes, rewards, observations, actions, values=None, advantages=None, group_by: str = "none") -> EpisodeBatch:
+    """Pad the complete episodes of an (n_steps, n_envs, ...) rollout to an EpisodeBatch;
+    `values` (n_steps, n_envs), the critic's V(s_t), gives extras["baseline"] = V(s_0) per episode,
+    `advantages` (SB3's GAE) gives extras["advantages"] (B, T)."""
+    lengths = [stop - start for _, start, stop in episodes]
+    horizon = max(lengths)
+    acts = actions.reshape(actions.shape[:2] + (-1,))
+    acts = acts[..., 0] if acts.shape[-1] == 1 else acts
+    batch_rewards = np.zeros((len(episodes), horizon))
+    batch_obs = np.zeros((len(episodes), horizon) + observations.shape[2:], dtype=observations.dtype)
+    batch_actions = np.zeros((len(episodes), horizon) + acts.shape[2:], dtype=acts.dtype)
+    batch_advantages = np.zeros((len(episodes), horizon))
+    mask = np.zeros((len(episodes), horizon), dtype=bool)
+    for k, (env, start, stop) in enumerate(episodes):
+        n = stop - start
+        batch_rewards[k, :n] = rewards[start:stop, env]
+        if advantages is not None:
+            batch_advantages[k, :n] = advantages[start:stop, env]
+        batch_obs[k, :n] = observations[start:stop, env]
+        batch_actions[k, :n] = acts[start:stop, env]
+        mask[k, :n] = True
+    extras: dict = {} if advantages is None else {"advantages": batch_advantages}
+    if values is not None:
+        extras["baseline"] = np.array([values[start, env] for env, start, _ in episodes], dtype=np.float64)
+    groups = group_ids_for(batch_obs[:, 0], group_by)
+    return EpisodeBatch(batch_rewards, mask, groups, observations=batch_obs, actions=batch_actions, extras=extras)
+
+
+def discounted_returns_to_go(rewards: np.ndarray, mask: np.ndarray, gamma: float) -> np.ndarray:
+    """(B, T) sum_{s >= t} gamma^(s - t) r_s over each episode's masked steps."""
+    out = np.zeros_like(rewards)
+    running = np.zeros(len(rewards))
+    for t in reversed(range(rewards.shape[1])):
+        running = np.where(mask[:, t], rewards[:, t] + gamma * running, 0.0)
+        out[:, t] = running
+    return out
+
+
+class CreditCallback(BaseCallback):
+    """Replace the rollout buffer's advantages (and returns) of complete episodes with `rule`'s."""
+
+    def __init__(self, rule: CreditRule, group_by: str = "none", verbose: int = 0) -> None:
+        super().__init__(verbose)
+        if group_by not in GROUP_BY:
+            raise ValueError(f"group_by={group_by!r}: expected one of {', '.join(GROUP_BY)}")
+        self.rule, self.group_by = rule, group_by
+        self.last_batch: EpisodeBatch | None = None
+        self.last_advantages: np.ndarray | None = None
+        self.last_episodes: list[tuple[int, int, int]] = []
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        buf = self.model.rollout_buffer
+        episodes = complete_episodes(buf.episode_starts, np.asarray(self.locals["dones"]))
+        self.last_episodes = episodes
+        rewritten = sum(stop - start for _, start, stop in episodes)
+        self.logger.record("credit/rewritten_step_fraction", rewritten / buf.rewards.size)
+        if not episodes:
+            return
+        batch = episode_batch(episodes, buf.rewards, buf.observations, buf.actions, buf.values, buf.advantages, self.group_by)
+        self.rule.observe(batch)
+        advantages = self.rule.advantages(batch)
+        returns = discounted_returns_to_go(batch.rewards, batch.mask, buf.gamma)
+        for k, (env, start, stop) in enumerate(episodes):
+            buf.advantages[start:stop, env] = advantages[k, : stop - start]
+            buf.returns[start:stop, env] = returns[k, : stop - start]
+        self.last_batch, self.last_advantages = batch, advantages
+        self.logger.record("credit/advantage_abs_mean", float(np.abs(advantages[batch.mask]).mean()))
+
+
+class ConvergenceCallback(BaseCallback):
+    """Feed each finished episode's `info["first_decision_optimal"]` (evaluation only) to the
+    SPEC section 4 tracker; stop at convergence (if asked) or once `max_episodes` have ended."""
+
+    def __init__(self, tracker: ConvergenceTracker, max_episodes: int, stop_at_convergence: bool = True) -> None:
+        super().__init__()
+        self.tracker, self.max_episodes, self.stop_at_convergence = tracker, max_episodes, stop_at_convergence
+
+    def _on_step(self) -> bool:
+        for done, info in zip(self.locals["dones"], self.locals["infos"]):
+            if not done or self.tracker.episodes >= self.max_episodes:
+                continue
+            if "first_decision_optimal" not in info:
+                raise VcbmGymError("the env reports no 'first_decision_optimal' in info: the convergence criterion needs it")
+            just_converged = self.tracker.update(bool(info["first_decision_optimal"]))
+            self.logger.record("rollout/correct_moving_average", self.tracker.rate)
+            self.logger.record("rollout/episodes", self.tracker.episodes)
+            if just_converged and self.stop_at_convergence:
+                return False
+        return self.tracker.episodes < self.max_episodes
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "converged": self.tracker.converged_at is not None,
+            "episodes_to_converge": self.tracker.converged_at,
+            "episodes_run": self.tracker.episodes,
+            "final_correct_rate": self.tracker.rate,
+        }
