@@ -167,3 +167,16 @@ def test_scripted_rollout_records_the_decision_and_truncates_only_the_model_cont
     assert 0 < truncated < 6
     generated = [t for t, m in zip(e.completion_ids, e.env_mask) if m == 1]
     assert tok.decode(generated).count("wait") == 5 and e.logprobs.count(-0.5) == len(generated)
+
+
+@pytest.mark.slow
+def test_empo_effect_ratio_sharing_smoke_run_logs_cell_coverage(tmp_path):
+    # K = 24 rollouts of one task share the turn-0 prompt; equal parsed actions there form EMPO cells
+    # (about a third of the random tiny model's turns name one of 4 tools). One micro-batch keeps cells whole.
+    summary = run(["--algo", "loop", "--env", "TextWatchRepair-v0", "--model", "tiny", "--no-progress",
+                   "--iterations", "1", "--ratio-sharing", "effect", "--log-dir", str(tmp_path), "--hyperparams",
+                   "num_generations=24", "generation_batch_size=24", "per_device_train_batch_size=24"])
+    coverage = _scalars(tmp_path)["loop/empo_cell_coverage"]
+    assert [step for step, _ in coverage] == [1]
+    assert 0.0 < coverage[0][1] <= 1.0
+    assert summary["final_empo_cell_coverage"] == pytest.approx(coverage[0][1], rel=1e-6)  # TensorBoard stores float32
