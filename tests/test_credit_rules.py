@@ -14,7 +14,6 @@ from hypothesis.extra import numpy as hnp
 from vcbm_gym.credit.base import RULES, EpisodeBatch, make_rule
 from vcbm_gym.credit.broadcast import BroadcastRule
 from vcbm_gym.credit.grpo import GroupMeanRule, group_relative_advantages
-from vcbm_gym.credit.loo import loo_advantages
 from vcbm_gym.credit.vcbm_bookmark import VCBMBookmarkRule, bookmark_weights
 
 

@@ -3,6 +3,18 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EpisodeRunConfig:
+    """Run settings shared by every runner that trains until the convergence criterion."""
+
+    max_episodes: int = 20_000
+    convergence_window: int = 750
+    convergence_threshold: float = 0.95
+    stop_at_convergence: bool = True
+    env_kwargs: dict = field(default_factory=dict)
 
 
 class ConvergenceTracker:

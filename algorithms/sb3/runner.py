@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import gymnasium as gym
 import torch
@@ -24,7 +24,7 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from algorithms.common.config import as_plain_dict, build_dataclasses
-from algorithms.common.convergence import ConvergenceTracker
+from algorithms.common.convergence import ConvergenceTracker, EpisodeRunConfig
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.run_context import RunContext
 from algorithms.registry import get_algo, load_object
@@ -34,15 +34,11 @@ from vcbm_gym.credit.base import RULES, CreditRule, make_rule
 
 
 @dataclass
-class SB3RunConfig:
+class SB3RunConfig(EpisodeRunConfig):
     max_episodes: int = 30_000
-    convergence_window: int = 750
-    convergence_threshold: float = 0.95
-    stop_at_convergence: bool = True
     n_envs: int = 1
     policy: str = "MlpPolicy"
-    episode_steps: Optional[int] = None  # None: the env's max_episode_steps or params.horizon
-    env_kwargs: dict = field(default_factory=dict)
+    episode_steps: int | None = None  # None: the env's max_episode_steps or params.horizon
     credit_kwargs: dict = field(default_factory=dict)  # rule name -> that rule's constructor kwargs
     credit_group_by: str = "none"  # on-policy only: "none" or "initial_obs" (see callbacks.py)
     torch_threads: int = 1

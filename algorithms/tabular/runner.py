@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -12,7 +12,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm.auto import tqdm
 
 from algorithms.common.config import as_plain_dict, build_dataclasses
-from algorithms.common.convergence import ConvergenceTracker
+from algorithms.common.convergence import ConvergenceTracker, EpisodeRunConfig
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.run_context import RunContext
 from algorithms.registry import get_algo, load_object
@@ -20,13 +20,8 @@ from algorithms.tabular.base import TabularAgent
 
 
 @dataclass
-class TabularRunConfig:
-    max_episodes: int = 20_000
-    convergence_window: int = 750
-    convergence_threshold: float = 0.95
-    stop_at_convergence: bool = True
+class TabularRunConfig(EpisodeRunConfig):
     log_interval: int = 1
-    env_kwargs: dict = field(default_factory=dict)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
