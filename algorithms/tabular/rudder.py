@@ -22,45 +22,29 @@ from gymnasium import spaces
 
 from algorithms.tabular.mc import FirstDecisionAgent
 from vcbm_gym.credit.base import EpisodeBatch
-from vcbm_gym.credit.rudder import RudderCreditConfig, RudderRule
+from vcbm_gym.credit.rudder import RudderCreditConfig, RudderLSTMConfig, RudderRule
 
 
 @dataclass
-class RudderConfig:
-    # direct-Q policy
+class RudderConfig(RudderLSTMConfig):
+    """The direct-Q policy's settings; the LSTM's and its schedule's come from RudderLSTMConfig."""
+
     epsilon: float = 0.05
     q_init: float = 10.0
     q_learning_rate: float = 0.1
     later_action: int = 1
-    # LSTM and its training schedule (RudderCreditConfig; sizes of the inputs come from the env)
-    hidden_size: int = 16
-    init_std: float = 0.1
-    input_gate_bias_init: float = -3.0
-    reward_scale: float = 10.0
-    aux_loss_weight: float = 0.5
-    learning_rate: float = 1e-2
-    weight_decay: float = 1e-6
-    buffer_capacity: int = 2048
-    batch_size: int = 8
-    min_buffer_episodes: int = 256
-    train_every: int = 25
-    loss_threshold: float = 0.15
-    running_loss_init: float = 0.3
-    running_loss_decay: float = 0.99
-    max_steps_per_event: int = 2000
 
 
 def credit_config(config: RudderConfig, observation_space: spaces.Space, n_actions: int) -> RudderCreditConfig:
-    """The rule's config: RudderConfig's LSTM fields plus T and the brand count read off the space."""
+    """The rule's config: the LSTM fields of RudderConfig plus T and the brand count read off the space."""
     if not isinstance(observation_space, spaces.MultiDiscrete) or observation_space.shape != (5,):
         raise ValueError(f"RUDDER's featuriser reads WatchRepair observations (MultiDiscrete of 5); got {observation_space}")
     nvec = observation_space.nvec
-    shared = {f.name for f in fields(RudderCreditConfig)} & {f.name for f in fields(RudderConfig)}
     return RudderCreditConfig(
         horizon=int(nvec[4]) - 1,
         n_brands=int(nvec[3]),
         n_actions=n_actions,
-        **{name: getattr(config, name) for name in shared},
+        **{f.name: getattr(config, f.name) for f in fields(RudderLSTMConfig)},
     )
 
 

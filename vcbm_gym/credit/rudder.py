@@ -49,10 +49,9 @@ from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 
 @dataclass
-class RudderCreditConfig:
-    horizon: int = 50  # T in the t / T feature
-    n_brands: int = 4
-    n_actions: int = 2
+class RudderLSTMConfig:
+    """The model and its training schedule: the hyperparameters a user tunes."""
+
     hidden_size: int = 16
     init_std: float = 0.1
     input_gate_bias_init: float = -3.0
@@ -68,6 +67,15 @@ class RudderCreditConfig:
     running_loss_init: float = 0.3
     running_loss_decay: float = 0.99
     max_steps_per_event: int = 2000
+
+
+@dataclass
+class RudderCreditConfig(RudderLSTMConfig):
+    """RudderLSTMConfig plus the input sizes, which a caller reads off the environment's spaces."""
+
+    horizon: int = 50  # T in the t / T feature
+    n_brands: int = 4
+    n_actions: int = 2
 
     def __post_init__(self) -> None:
         for name in ("horizon", "n_brands", "n_actions", "hidden_size", "buffer_capacity", "batch_size", "train_every"):
