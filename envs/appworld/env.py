@@ -19,16 +19,19 @@ printed output is the next observation.
   `execution_output`, `code` (what ran), `api_calls` ([{method, app, api}]), `db_writes`,
   `difficulty`, `task_id`, `num_interactions`.
 
-Servers: pass `server_pool=` (an `AppWorldServerPool`, one server per concurrent env) or
-`server_url=` (a server you run yourself); with neither, the env borrows a server from a
-process-wide growing pool (`pool.shared_pool`), returned on close() and stopped at exit.
-A server that dies mid-episode is restarted (when the env manages it) and `step` raises
-`AppWorldServerError` for the lost episode; a server that does not answer raises it after
-`request_timeout` seconds (execution calls allow `execution_timeout` more).
+Servers: pass `server_pool=` (an `AppWorldServerPool`, one server per concurrent env); without
+it, the env borrows a server from a process-wide growing pool (`pool.shared_pool`), returned on
+close() and stopped at exit. Agent code runs in a bubblewrap sandbox (see `envs.appworld.pool`);
+on a machine without bubblewrap the env refuses to run unless `trusted_code=True`. Rewards come
+from a separate evaluator process that the agent's code cannot reach. A server that dies, times
+out (after `execution_timeout + request_timeout` seconds for a step) or breaks the protocol is
+killed and replaced, and `step` raises one `AppWorldServerError` for the lost episode. Outputs
+longer than the observation space's `max_length` are cut, ending with a marker that says so.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from typing import Any
@@ -37,14 +40,23 @@ import gymnasium as gym
 from gymnasium.spaces import Text
 
 from envs.appworld.pool import (
-    AppWorldClient,
     AppWorldServer,
     AppWorldServerError,
     AppWorldServerPool,
+    SandboxUnavailableError,
     shared_pool,
 )
+from envs.appworld.sandbox import positive_seconds
+from envs.appworld.server import cap_output
 
-__all__ = ["AppWorldEnv", "AppWorldServerError", "FreeText", "code_from_action", "format_task"]
+__all__ = [
+    "AppWorldEnv",
+    "AppWorldServerError",
+    "FreeText",
+    "SandboxUnavailableError",
+    "code_from_action",
+    "format_task",
+]
 
 MAX_TEXT = 1_000_000
 CODE_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -88,33 +100,33 @@ class AppWorldEnv(gym.Env[str, str]):
         difficulty: int | None = None,
         max_interactions: int = 50,
         server_pool: AppWorldServerPool | None = None,
-        server_url: str | None = None,
         appworld_venv: str | None = None,
         appworld_root: str | None = None,
         request_timeout: float = 60.0,
-        execution_timeout: int = 100,
+        execution_timeout: float = 100,
+        trusted_code: bool = False,
         render_mode: str | None = None,
     ) -> None:
         if difficulty not in (None, 1, 2, 3):
             raise ValueError(f"difficulty must be None, 1, 2 or 3, got {difficulty!r}")
         if max_interactions < 1:
             raise ValueError(f"max_interactions must be >= 1, got {max_interactions}")
-        if server_pool is not None and server_url is not None:
-            raise ValueError("pass server_pool or server_url, not both")
         if render_mode not in (None, "ansi"):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        if not isinstance(trusted_code, bool):
+            raise ValueError(f"trusted_code must be True or False, got {trusted_code!r}")
         self.split = split
         self.difficulty = difficulty
         self.max_interactions = max_interactions
-        self.request_timeout = request_timeout
-        self.execution_timeout = execution_timeout
+        self.request_timeout = positive_seconds("request_timeout", request_timeout)
+        self.execution_timeout = positive_seconds("execution_timeout", execution_timeout)
+        self.trusted_code = trusted_code
         self.render_mode = render_mode
         self.observation_space = FreeText()
         self.action_space = FreeText()
 
         self._pool = server_pool
         self._server: AppWorldServer | None = None
-        self._fixed_url = server_url
         self._venv, self._root = appworld_venv, appworld_root
         self._task_ids: dict[tuple[str, int | None], list[str]] = {}
         self._task: dict | None = None
@@ -123,34 +135,26 @@ class AppWorldEnv(gym.Env[str, str]):
         self._transcript: list[str] = []
 
     # ------------------------------------------------------------------ servers
-    def _client(self) -> AppWorldClient:
-        if self._fixed_url is not None:
-            return AppWorldClient(self._fixed_url, self.request_timeout)
+    def _pool_or_shared(self) -> AppWorldServerPool:
+        if self._pool is None:
+            self._pool = shared_pool(self._venv, self._root, self.trusted_code)
+        return self._pool
+
+    def _world(self) -> AppWorldServer:
         if self._server is None:
-            if self._pool is None:
-                self._pool = shared_pool(self._venv, self._root)
-            self._server = self._pool.acquire()
-        else:
-            self._pool.ensure_alive(self._server)
-        return AppWorldClient(self._server.url, self.request_timeout)
+            self._server = self._pool_or_shared().acquire()
+        return self._server
 
     def _lost_episode(self, error: AppWorldServerError) -> AppWorldServerError:
-        """The server failed mid-episode: restart it if we manage it and say the episode is lost."""
         self._active = False
         task_id = self._task["task_id"] if self._task else None
-        if self._server is not None and not self._server.alive():
-            self._pool.ensure_alive(self._server)
-            return AppWorldServerError(
-                f"The AppWorld server died during the episode of task {task_id!r}; it was restarted "
-                f"(restart #{self._server.restarts}) but this episode's state is lost: call reset(). Cause: {error}"
-            )
         return AppWorldServerError(f"Episode of task {task_id!r} lost, call reset(): {error}")
 
     def task_ids(self, split: str | None = None, difficulty: int | None = None) -> list[str]:
         """Task ids of a split (optionally one difficulty), as AppWorld's datasets list them."""
         key = (split or self.split, difficulty)
         if key not in self._task_ids:
-            answer = self._client().call("task_ids", split=key[0], difficulty=key[1])
+            answer = self._pool_or_shared().task_ids(key[0], key[1])
             self._task_ids[key] = list(answer["task_ids"])
         return self._task_ids[key]
 
@@ -166,14 +170,17 @@ class AppWorldEnv(gym.Env[str, str]):
             if not candidates:
                 raise ValueError(f"split {self.split!r} has no task of difficulty {self.difficulty}")
             task_id = candidates[int(self.np_random.integers(len(candidates)))]
-        client = self._client()
-        self._task = client.call(
+        self._active = False
+        server = self._world()
+        self._pool.ensure_alive(server)  # also replaces a server the last episode's code tainted
+        task = server.call(
             "initialize",
             timeout=max(self.request_timeout, 120.0),
             task_id=task_id,
             max_interactions=self.max_interactions,
-            timeout_seconds=self.execution_timeout,
+            timeout_seconds=math.ceil(self.execution_timeout),
         )
+        self._task = {**task, **self._pool.task_info(task_id)}
         self._interactions = 0
         self._active = True
         observation = format_task(self._task)
@@ -194,18 +201,22 @@ class AppWorldEnv(gym.Env[str, str]):
             raise TypeError(f"action must be the Python code to run (str), got {type(action).__name__}")
         task_id = self._task["task_id"]
         code = code_from_action(action)
-        if self._server is not None and not self._server.alive():
-            raise self._lost_episode(
-                AppWorldServerError(
-                    f"server process exited (code {getattr(self._server.process, 'returncode', None)})"
-                )
-            )
+        max_output = self.observation_space.max_length
         try:
-            result = self._client().call(
-                "execute", timeout=self.request_timeout + self.execution_timeout, task_id=task_id, code=code
+            result = self._server.call(
+                "execute",
+                timeout=self.request_timeout + self.execution_timeout,
+                # ASCII JSON spends at most 12 bytes on a character (a surrogate pair's escapes)
+                max_bytes=12 * max_output + (1 << 20),
+                bad_on_4xx=True,
+                task_id=task_id,
+                code=code,
+                max_output=max_output,
             )
         except AppWorldServerError as error:
-            raise self._lost_episode(error) from error
+            raise self._lost_episode(error) from None
+        self._server.tainted += [str(item) for item in result.get("tainted") or []]
+        output = cap_output(str(result["output"]), max_output)
         self._interactions += 1
         terminated = bool(result["task_completed"])
         truncated = not terminated and self._interactions >= self.max_interactions
@@ -213,7 +224,7 @@ class AppWorldEnv(gym.Env[str, str]):
             "task_id": task_id,
             "difficulty": self._task["difficulty"],
             "state_mutating": bool(result["state_mutating"]),
-            "execution_output": result["output"],
+            "execution_output": output,
             "code": code,
             "api_calls": result["api_calls"],
             "db_writes": result["db_writes"],
@@ -226,9 +237,9 @@ class AppWorldEnv(gym.Env[str, str]):
         elif terminated or truncated:
             self._active = False
             try:
-                evaluation = self._client().call("evaluate", task_id=task_id)
+                evaluation = self._pool.evaluate(self._server, task_id)
             except AppWorldServerError as error:
-                raise self._lost_episode(error) from error
+                raise self._lost_episode(error) from None
             reward = evaluation["pass_count"] / evaluation["num_tests"] if evaluation["num_tests"] else 0.0
             info.update(
                 success=bool(evaluation["success"]),
@@ -236,19 +247,19 @@ class AppWorldEnv(gym.Env[str, str]):
                 num_passed=evaluation["pass_count"],
                 evaluation=evaluation,
             )
-        self._transcript += [">>> " + code, result["output"]]
-        return result["output"], float(reward), terminated, truncated, info
+        self._transcript += [">>> " + code, output]
+        return output, float(reward), terminated, truncated, info
 
     def evaluate(self) -> dict:
         """AppWorld's evaluation of the current task's world as it stands (also after the episode
         ended), for a policy that stops early: {success, difficulty, num_tests, pass_count, passes, failures}."""
-        if self._task is None:
+        if self._task is None or self._server is None:
             raise RuntimeError("AppWorldEnv.evaluate() needs a task; call reset() first.")
-        return self._client().call("evaluate", task_id=self._task["task_id"])
+        return self._pool.evaluate(self._server, self._task["task_id"])
 
     def metrics(self, results: dict[str, dict]) -> dict:
         """AppWorld's Metric over {task_id: evaluate() output}: TGC/SGC overall and per difficulty (percent)."""
-        return self._client().call("metrics", results=results)
+        return self._pool_or_shared().metrics(results)
 
     def render(self) -> str | None:
         if self.render_mode == "ansi":
@@ -257,11 +268,11 @@ class AppWorldEnv(gym.Env[str, str]):
 
     def close(self) -> None:
         if self._server is not None and self._pool is not None:
-            if self._task is not None and self._server.alive():
+            if self._task is not None and self._server.alive() and not self._server.tainted:
                 try:
-                    AppWorldClient(self._server.url, 10.0).call("close", task_id=self._task["task_id"])
+                    self._server.call("close", timeout=10.0, task_id=self._task["task_id"])
                 except AppWorldServerError:
-                    pass  # closing a world that is already gone is not an error
+                    pass  # the server was replaced; a fresh one has no world to close
             self._pool.release(self._server)
             self._server = None
         super().close()

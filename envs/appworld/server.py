@@ -1,19 +1,27 @@
-"""The AppWorld server: one AppWorld task world per process, on 127.0.0.1 only.
+"""AppWorld servers: one task world per process, or the evaluator, on a Unix socket.
 
 Runs under the AppWorld virtual environment's interpreter (pydantic 1, fastapi < 0.111), never in
-the project's environment:
+the project's environment, normally inside the sandbox that `envs.appworld.pool` builds:
 
-    <appworld-venv>/bin/python envs/appworld/server.py --port 8123 --root DIR
+    <appworld-venv>/bin/python envs/appworld/server.py --role world --socket PATH --root DIR
 
-`DIR/data` holds AppWorld's data (downloaded, or synthetic from `envs.appworld.synthetic`). Unlike
-`appworld serve environment`, `/execute` also answers which APIs this call used (HTTP method, app,
-api, from the requester's log) and which database writes it made (INSERT/UPDATE/DELETE statements
-from AppWorld's DBChangesTracker), so the client learns whether the step mutated the world's
-state without another request. Every response is `{"output": ...}`; a bad request is a 4xx whose
-`detail` says what was wrong.
+The first line of stdin is the shared secret: every request must carry it in the
+`X-Vcbm-Secret` header (401 otherwise), so only the pool that started the server can use it.
+
+Role `world` runs agent code and never sees ground truth (its data folder has none). Unlike
+`appworld serve environment`, `/execute` also answers which APIs this call used and which
+database writes it made (from AppWorld's DBChangesTracker), whether the agent left threads or
+processes running (`tainted`), and caps the output at `max_output` characters with a marker.
+AppWorld saves the world's database state after every call; the pool copies it out for the
+evaluator.
+
+Role `evaluator` holds the ground truth and runs no agent code: `/evaluate` scores a saved world
+state with AppWorld's own evaluator, `/task_ids` and `/task_info` read the splits' metadata,
+`/metrics` is AppWorld's Metric.
 
 Handlers are `async def` on purpose: AppWorld times a cell out with SIGALRM, which only works in
-the main thread, where the event loop runs.
+the main thread, where the event loop runs. Every response is `{"output": ...}` as ASCII JSON (a
+lone surrogate in agent output cannot break the encoder); a bad request is a 4xx with `detail`.
 """
 
 # ruff: noqa: B008  (FastAPI declares request fields as Body(...) defaults)
@@ -22,11 +30,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import hmac
 import json
 import os
 import re
+import resource
 import sys
+import threading
 from typing import Any
+
+TRUNCATION_MARKER = "\n[vcbm-gym: output truncated: {cut} of {total} characters cut]"
 
 
 def _statement_target(statement: str) -> tuple[str, str]:
@@ -41,27 +54,57 @@ def _statement_target(statement: str) -> tuple[str, str]:
     return match.group(1).split()[0].upper(), match.group(2)
 
 
-def build_app(root: str, experiment_name: str):  # noqa: C901 - one closure per endpoint
+def cap_output(text: str, max_output: int) -> str:
+    """`text` cut to at most `max_output` characters, ending with a marker saying how much was cut."""
+    if len(text) <= max_output:
+        return text
+    marker = TRUNCATION_MARKER.format(cut=len(text) - max_output, total=len(text))
+    for _ in range(2):  # the marker's own length changes the count at most once more
+        keep = max(max_output - len(marker), 0)
+        marker = TRUNCATION_MARKER.format(cut=len(text) - keep, total=len(text))
+    keep = max(max_output - len(marker), 0)
+    return (text[:keep] + marker)[:max_output]
+
+
+def printable(text: str) -> str:
+    """Lone surrogates (e.g. print('\\udcff')) shown as escapes instead of breaking UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _common(secret: str, title: str):
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response
+
+    class AsciiJSON(JSONResponse):
+        def render(self, content: Any) -> bytes:
+            return json.dumps(content, ensure_ascii=True).encode("ascii")
+
+    app = FastAPI(title=title, default_response_class=AsciiJSON)
+    expected = secret.encode()
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next):
+        given = request.headers.get("x-vcbm-secret", "").encode()
+        if not hmac.compare_digest(given, expected):
+            return Response('{"detail": "missing or wrong X-Vcbm-Secret"}', status_code=401)
+        return await call_next(request)
+
+    return app
+
+
+def build_world_app(root: str, experiment_name: str, secret: str, count_processes: bool):  # noqa: C901
     os.environ["APPWORLD_ROOT"] = root
     import appworld
     from appworld.apps import get_all_apps
     from appworld.apps.model_lib import CachedDBHandler
     from appworld.common.path_store import path_store
     from appworld.environment import AppWorld
-    from appworld.evaluator import Metric
     from appworld.requester import _get_api_name_to_doc
-    from appworld.task import load_task_ids
-    from fastapi import Body, FastAPI, HTTPException
+    from fastapi import Body, HTTPException
 
     path_store.update_root(root)
     state: dict[str, Any] = {"world": None}
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_app):
-        yield
-        close_world()
-
-    app = FastAPI(title="vcbm-gym AppWorld server", lifespan=lifespan)
+    app = _common(secret, "vcbm-gym AppWorld world server")
 
     @functools.cache
     def url_patterns(app_name: str) -> list[tuple[str, re.Pattern, str]]:
@@ -108,6 +151,18 @@ def build_app(root: str, experiment_name: str):  # noqa: C901 - one closure per 
             world.close()
         AppWorld.close_all()
 
+    def tainted(threads_before: set[int | None]) -> list[str]:
+        """What agent code left running: threads and (inside the sandbox's PID namespace) processes."""
+        left = [
+            f"thread {thread.name}"
+            for thread in threading.enumerate()
+            if thread.ident not in threads_before and thread.is_alive()
+        ]
+        if count_processes:  # pid 1 is bubblewrap's init, the server is the only other process
+            own = {"1", str(os.getpid())}
+            left += [f"process {pid}" for pid in os.listdir("/proc") if pid.isdigit() and pid not in own]
+        return left
+
     @app.get("/health")
     async def health() -> dict:
         world = state["world"]
@@ -116,7 +171,6 @@ def build_app(root: str, experiment_name: str):  # noqa: C901 - one closure per 
                 "status": "ok",
                 "pid": os.getpid(),
                 "appworld_version": appworld.__version__,
-                "root": root,
                 "task_id": world.task_id if world else None,
             }
         }
@@ -128,23 +182,32 @@ def build_app(root: str, experiment_name: str):  # noqa: C901 - one closure per 
         timeout_seconds: int = Body(100),
         random_seed: int = Body(100),
     ) -> dict:
-        if not os.path.isdir(os.path.join(path_store.data, "tasks", task_id)):
-            raise HTTPException(
-                404, f"Unknown task_id {task_id!r}: no folder {path_store.data}/tasks/{task_id}."
-            )
+        if not re.fullmatch(r"[\w.-]+", task_id) or not os.path.isdir(
+            os.path.join(path_store.data, "tasks", task_id)
+        ):
+            raise HTTPException(404, f"Unknown task_id {task_id!r}: no such task in the data's tasks folder.")
+        if timeout_seconds < 1:
+            raise HTTPException(422, f"timeout_seconds must be >= 1, got {timeout_seconds}")
         close_world()
-        has_truth = os.path.isdir(os.path.join(path_store.data, "tasks", task_id, "ground_truth"))
         world = AppWorld(
             task_id=task_id,
             experiment_name=experiment_name,
             max_interactions=max_interactions,
             timeout_seconds=timeout_seconds,
             random_seed=random_seed,
-            load_ground_truth=has_truth,
+            load_ground_truth=False,
         )
         state["world"] = world
+        save_logs = world.save_logs
+
+        def printable_save_logs() -> None:
+            # AppWorld writes its I/O log as UTF-8, which a lone surrogate in code or output breaks
+            for entry in world.environment_io:
+                entry["input"], entry["output"] = printable(entry["input"]), printable(entry["output"])
+            save_logs()
+
+        world.save_logs = printable_save_logs
         task = world.task
-        metadata = task.ground_truth.metadata if task.ground_truth else {}
         supervisor = {
             key: task.supervisor[key] for key in ("first_name", "last_name", "email", "phone_number")
         }
@@ -154,19 +217,28 @@ def build_app(root: str, experiment_name: str):  # noqa: C901 - one closure per 
                 "instruction": task.instruction,
                 "supervisor": supervisor,
                 "datetime": task.datetime.isoformat(),
-                "difficulty": metadata.get("difficulty"),
-                "has_ground_truth": task.ground_truth is not None,
                 "app_descriptions": task.app_descriptions,
+                "output_dbs": os.path.relpath(world.output_db_home_path_on_disk, root),
             }
         }
 
     @app.post("/execute")
-    async def execute(task_id: str = Body(...), code: str = Body(...)) -> dict:
+    async def execute(
+        task_id: str = Body(...), code: str = Body(...), max_output: int = Body(1_000_000)
+    ) -> dict:
         world = world_for(task_id)
+        if max_output < 1:
+            raise HTTPException(422, f"max_output must be >= 1, got {max_output}")
         requests_before = len(world.requester.request_tracker.requests)
         app_trackers = trackers(world)
         changes_before = {name: len(tracker.changes) for name, tracker in app_trackers.items()}
-        output = world.execute(code)
+        threads_before = {thread.ident for thread in threading.enumerate()}
+        try:
+            output = world.execute(code)
+        finally:
+            # an exception escaping AppWorld would leave its guard on (every later open() for
+            # writing fails); the pool replaces the server after a 500 anyway
+            world.safety_guard.disable()
         api_calls = [
             api_of(r["method"].upper(), r["url"])
             for r in world.requester.request_tracker.requests[requests_before:]
@@ -178,12 +250,13 @@ def build_app(root: str, experiment_name: str):  # noqa: C901 - one closure per 
                 db_writes.append({"app": name, "operation": operation, "table": table})
         return {
             "output": {
-                "output": output,
+                "output": cap_output(printable(output), max_output),
                 "api_calls": api_calls,
                 "db_writes": db_writes,
                 "state_mutating": bool(db_writes),
                 "num_interactions": world.num_interactions,
                 "task_completed": bool(world.task_completed()),
+                "tainted": tainted(threads_before),
             }
         }
 
@@ -191,38 +264,67 @@ def build_app(root: str, experiment_name: str):  # noqa: C901 - one closure per 
     async def task_completed(task_id: str = Body(..., embed=True)) -> dict:
         return {"output": bool(world_for(task_id).task_completed())}
 
-    @app.post("/evaluate")
-    async def evaluate(task_id: str = Body(..., embed=True)) -> dict:
-        world = world_for(task_id)
-        if world.task.ground_truth is None:
-            raise HTTPException(
-                422, f"Task {task_id!r} has no ground_truth folder, so it cannot be evaluated."
-            )
-        tracker = world.evaluate(suppress_errors=True)
-        result = tracker.to_dict(stats_only=False)
-        result["pass_count"] = tracker.pass_count
-        return {"output": result}
-
     @app.post("/close")
     async def close(task_id: str = Body(..., embed=True)) -> dict:
         world_for(task_id)
         close_world()
         return {"output": None}
 
+    return app
+
+
+def build_evaluator_app(root: str, secret: str):  # noqa: C901
+    os.environ["APPWORLD_ROOT"] = root
+    from appworld.apps.model_lib import CachedDBHandler
+    from appworld.common.path_store import path_store
+    from appworld.evaluator import Metric, evaluate_task
+    from appworld.task import load_task_ids
+    from fastapi import Body, HTTPException
+
+    path_store.update_root(root)
+    app = _common(secret, "vcbm-gym AppWorld evaluator")
+
+    def task_dir(task_id: str) -> str:
+        path = os.path.join(path_store.data, "tasks", task_id)
+        if not re.fullmatch(r"[\w.-]+", task_id) or not os.path.isdir(path):
+            raise HTTPException(404, f"Unknown task_id {task_id!r}: no such task in the data's tasks folder.")
+        return path
+
+    def info_of(task_id: str) -> dict:
+        metadata_path = os.path.join(task_dir(task_id), "ground_truth", "metadata.json")
+        if not os.path.exists(metadata_path):
+            return {"difficulty": None, "has_ground_truth": False}
+        with open(metadata_path) as file:
+            return {"difficulty": json.load(file).get("difficulty"), "has_ground_truth": True}
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"output": {"status": "ok", "pid": os.getpid()}}
+
+    @app.post("/task_info")
+    async def task_info(task_id: str = Body(..., embed=True)) -> dict:
+        return {"output": info_of(task_id)}
+
+    @app.post("/evaluate")
+    async def evaluate(task_id: str = Body(...), experiment_name: str = Body(...)) -> dict:
+        if not info_of(task_id)["has_ground_truth"]:
+            raise HTTPException(
+                422, f"Task {task_id!r} has no ground_truth folder, so it cannot be evaluated."
+            )
+        CachedDBHandler.reset()  # the saved state is loaded from disk, never from an earlier call
+        tracker = evaluate_task(task_id, experiment_name, suppress_errors=True, save_report=False)
+        CachedDBHandler.reset()
+        result = tracker.to_dict(stats_only=False)
+        result["pass_count"] = tracker.pass_count
+        return {"output": result}
+
     @app.post("/task_ids")
     async def task_ids(split: str = Body(...), difficulty: int | None = Body(None)) -> dict:
         try:
             ids = load_task_ids(split)
         except Exception as error:  # AppWorld raises bare Exception for a missing split file.
-            raise HTTPException(404, f"Split {split!r} not found under {path_store.data}: {error}") from error
-        difficulties = {}
-        for task_id in ids:
-            metadata_path = os.path.join(path_store.data, "tasks", task_id, "ground_truth", "metadata.json")
-            if os.path.exists(metadata_path):
-                with open(metadata_path) as file:
-                    difficulties[task_id] = json.load(file).get("difficulty")
-            else:
-                difficulties[task_id] = None
+            raise HTTPException(404, f"Split {split!r} not found in the data's datasets folder: {error}") from error
+        difficulties = {task_id: info_of(task_id)["difficulty"] for task_id in ids}
         if difficulty is not None:
             ids = [task_id for task_id in ids if difficulties[task_id] == difficulty]
         return {"output": {"task_ids": ids, "difficulties": {t: difficulties[t] for t in ids}}}
@@ -239,20 +341,35 @@ def build_app(root: str, experiment_name: str):  # noqa: C901 - one closure per 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="AppWorld task server for vcbm-gym (loopback only).")
-    parser.add_argument("--port", type=int, required=True)
+    parser = argparse.ArgumentParser(description="AppWorld server for vcbm-gym (Unix socket).")
+    parser.add_argument("--role", choices=("world", "evaluator"), required=True)
+    parser.add_argument("--socket", required=True, help="Unix socket path to serve on")
     parser.add_argument("--root", required=True, help="directory that holds AppWorld's data/ folder")
+    parser.add_argument("--experiment-name", default="vcbm_gym", help="AppWorld output folder name")
+    parser.add_argument("--nproc", type=int, default=0, help="RLIMIT_NPROC for this server (0: unchanged)")
     parser.add_argument(
-        "--experiment-name", default=None, help="AppWorld output folder name (default: per port)"
+        "--sandboxed", action="store_true", help="inside bwrap's PID namespace: report stray processes"
     )
     args = parser.parse_args(argv)
+    secret = sys.stdin.readline().strip()
+    if len(secret) < 32:
+        sys.exit("expected the pool's secret (at least 32 characters) on the first line of stdin")
+    if args.nproc:
+        # set here, inside the sandbox: in a user namespace the count is per namespace only
+        resource.setrlimit(resource.RLIMIT_NPROC, (args.nproc, args.nproc))
+    os.umask(0o077)  # the socket and every file the server writes: owner only
     root = os.path.abspath(args.root)
     if not os.path.isdir(os.path.join(root, "data")):
         sys.exit(f"--root {root} has no data/ folder; run `python -m envs.appworld.setup` first.")
     import uvicorn
 
-    app = build_app(root, args.experiment_name or f"vcbm_gym_port{args.port}")
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    if args.role == "world":
+        app = build_world_app(root, args.experiment_name, secret, count_processes=args.sandboxed)
+    else:
+        app = build_evaluator_app(root, secret)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(args.socket)
+    uvicorn.run(app, uds=args.socket, log_level="warning")
 
 
 if __name__ == "__main__":
