@@ -108,7 +108,9 @@ def mirror_public_tasks(data: Path, target: Path) -> None:
         if not task.is_dir(follow_symlinks=False):
             continue
         for folder, subfolders, files in os.walk(task.path):
-            subfolders[:] = [name for name in subfolders if not (folder == task.path and name == "ground_truth")]
+            subfolders[:] = [
+                name for name in subfolders if not (folder == task.path and name == "ground_truth")
+            ]
             out = target / os.path.relpath(folder, data / "tasks")
             out.mkdir(parents=True, exist_ok=True)
             out.chmod(0o755)
@@ -256,7 +258,9 @@ class AppWorldServer:
             (world / "root" / "experiments").symlink_to("../experiments")
             return [str(venv_python(self.venv)), "-I", str(SERVER_SCRIPT), *server_args]
         if self.role == "world":
-            ro = [(data / name, f"{SANDBOX_ROOT}/data/{name}") for name in ("base_dbs", "api_docs", "datasets")]
+            ro = [
+                (data / name, f"{SANDBOX_ROOT}/data/{name}") for name in ("base_dbs", "api_docs", "datasets")
+            ]
             ro.append((self.public_tasks, f"{SANDBOX_ROOT}/data/tasks"))
             ro = [(source, target) for source, target in ro if Path(source).is_dir()]
         else:
@@ -442,18 +446,27 @@ class AppWorldServer:
         """POST (GET without payload) `endpoint`; its `output`. A timeout, protocol error, 5xx (or,
         with `bad_on_4xx`, a 4xx) kills and replaces the server before raising."""
         timeout = self.request_timeout if timeout is None else positive_seconds("timeout", timeout)
-        self.ensure_ready()
+        with self._lock:
+            if not self.alive():
+                code = self.process.returncode if self.process else None
+                raise self._bad(f"had exited (code {code}) before /{endpoint}")
+            if not self._ready:
+                self.wait_ready()
         generation = self.generation
         watchdog = threading.Timer(timeout, self._watchdog, args=(generation,))
         watchdog.daemon = True
         watchdog.start()
         try:
-            status, answer = self._request("POST" if payload else "GET", endpoint, payload, timeout + 5, max_bytes)
+            status, answer = self._request(
+                "POST" if payload else "GET", endpoint, payload, timeout + 5, max_bytes
+            )
         except (OSError, http.client.HTTPException, ValueError) as error:
             if self._overran == generation:
                 reason = f"did not answer /{endpoint} within {timeout:g} s (killed by the watchdog)"
             elif not self.alive():
-                reason = f"died during /{endpoint} (exit code {self.process.returncode if self.process else None})"
+                reason = (
+                    f"died during /{endpoint} (exit code {self.process.returncode if self.process else None})"
+                )
             else:
                 reason = f"broke the protocol on /{endpoint} ({type(error).__name__}: {error})"
             raise self._bad(reason) from None
@@ -463,7 +476,9 @@ class AppWorldServer:
             return answer["output"]
         detail = answer.get("detail", answer)
         if 400 <= status < 500 and status != 401 and not bad_on_4xx:
-            raise AppWorldServerError(f"AppWorld {self.role} server {self.name} refused /{endpoint} (HTTP {status}): {detail}")
+            raise AppWorldServerError(
+                f"AppWorld {self.role} server {self.name} refused /{endpoint} (HTTP {status}): {detail}"
+            )
         raise self._bad(f"answered /{endpoint} with HTTP {status}: {detail}")
 
     def _bad(self, reason: str) -> AppWorldServerError:
@@ -473,7 +488,9 @@ class AppWorldServer:
             outcome = f"it was killed and replaced by a fresh server (replacement #{self.restarts})"
         except AppWorldServerError as error:
             outcome = f"and its replacement failed to start: {error}"
-        return AppWorldServerError(f"AppWorld {self.role} server {self.name} {reason}; {outcome}. Server log: {log!r}")
+        return AppWorldServerError(
+            f"AppWorld {self.role} server {self.name} {reason}; {outcome}. Server log: {log!r}"
+        )
 
 
 _LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()
@@ -638,7 +655,10 @@ class AppWorldServerPool:
                     for path in [staged, *staged.rglob("*")]:
                         os.chown(path, owner, owner)
                 return self.evaluator.call(
-                    "evaluate", timeout=max(self.request_timeout, 120.0), task_id=task_id, experiment_name=EXPERIMENT
+                    "evaluate",
+                    timeout=max(self.request_timeout, 120.0),
+                    task_id=task_id,
+                    experiment_name=EXPERIMENT,
                 )
             finally:
                 shutil.rmtree(staged, ignore_errors=True)

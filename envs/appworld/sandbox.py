@@ -42,7 +42,12 @@ class SandboxUnavailableError(RuntimeError):
 
 def positive_seconds(name: str, value: object) -> float:
     """`value` as a finite number of seconds > 0, else a one-line ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
     return float(value)
 
@@ -147,7 +152,12 @@ def bwrap_command(
     if bwrap is None:
         raise SandboxUnavailableError(f"bwrap not found on PATH; {INSTALL_HINT}")
     pythons = python_binds(venv)
-    targets = [*pythons[2::3], *(t for _, t in ro_binds), *(t for _, t in rw_binds), *(link for _, link in symlinks)]
+    targets = [
+        *pythons[2::3],
+        *(t for _, t in ro_binds),
+        *(t for _, t in rw_binds),
+        *(link for _, link in symlinks),
+    ]
     parents = sorted({str(parent) for t in targets for parent in Path(t).parents if str(parent) != "/"})
     args = [bwrap, *namespace_args(), *system_binds()]
     for parent in parents:  # made by bwrap itself they would be owner-only (root), so unreadable
@@ -175,7 +185,14 @@ def sandbox_problem() -> str | None:
         return f"bubblewrap (bwrap) is not installed; {INSTALL_HINT}"
     if _privileged() and not os.path.exists("/usr/bin/setpriv"):
         return "/usr/bin/setpriv (util-linux) is missing; the sandbox needs it to drop root"
-    probe = [bwrap, *namespace_args(), *system_binds(), "--", *drop_privileges_args(allocate_uid()), "/bin/true"]
+    probe = [
+        bwrap,
+        *namespace_args(),
+        *system_binds(),
+        "--",
+        *drop_privileges_args(allocate_uid()),
+        "/bin/true",
+    ]
     try:
         result = subprocess.run(probe, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as error:

@@ -151,12 +151,17 @@ def build_world_app(root: str, experiment_name: str, secret: str, count_processe
             world.close()
         AppWorld.close_all()
 
+    def infrastructure(thread: threading.Thread) -> bool:
+        """AnyIO's worker and portal threads, which AppWorld's in-process API client starts and reuses."""
+        code = getattr(getattr(thread, "_target", None), "__module__", None) or type(thread).__module__
+        return code.startswith("anyio")
+
     def tainted(threads_before: set[int | None]) -> list[str]:
         """What agent code left running: threads and (inside the sandbox's PID namespace) processes."""
         left = [
             f"thread {thread.name}"
             for thread in threading.enumerate()
-            if thread.ident not in threads_before and thread.is_alive()
+            if thread.ident not in threads_before and thread.is_alive() and not infrastructure(thread)
         ]
         if count_processes:  # pid 1 is bubblewrap's init, the server is the only other process
             own = {"1", str(os.getpid())}
@@ -323,7 +328,9 @@ def build_evaluator_app(root: str, secret: str):  # noqa: C901
         try:
             ids = load_task_ids(split)
         except Exception as error:  # AppWorld raises bare Exception for a missing split file.
-            raise HTTPException(404, f"Split {split!r} not found in the data's datasets folder: {error}") from error
+            raise HTTPException(
+                404, f"Split {split!r} not found in the data's datasets folder: {error}"
+            ) from error
         difficulties = {task_id: info_of(task_id)["difficulty"] for task_id in ids}
         if difficulty is not None:
             ids = [task_id for task_id in ids if difficulties[task_id] == difficulty]
