@@ -10,7 +10,8 @@ NAME is
 - `tiny` (a random tiny model, offline) or a transformers causal LM name/path: a ReAct agent with
   AppWorld's prompt (`envs.appworld.prompt`), greedy decoding.
 
-Every task of the split is played once (`--max-tasks` keeps the first N). A policy that stops
+The policy's code runs in AppWorld's bubblewrap sandbox (`--trusted-code` runs it without, on a
+machine that has no bubblewrap). Every task of the split is played once (`--max-tasks` keeps the first N). A policy that stops
 before the episode ends is scored on the world as it left it. Scores come from AppWorld's own
 evaluator and `Metric` (run inside the AppWorld server). Writes DIR/results.json (per task),
 DIR/metrics.json and DIR/table.md; prints the table.
@@ -139,7 +140,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     import gymnasium as gym
 
     import vcbm_gym  # noqa: F401  (registers AppWorld-v0)
-    from envs.appworld.pool import AppWorldServerError, default_root
+    from envs.appworld.pool import AppWorldServerError, SandboxUnavailableError, default_root
     from envs.appworld.prompt import system_prompt
 
     if args.env != "AppWorld-v0":
@@ -153,11 +154,15 @@ def evaluate(args: argparse.Namespace) -> dict:
     env_kwargs = {"split": args.split, "max_interactions": args.max_interactions}
     if args.appworld_root:
         env_kwargs["appworld_root"] = args.appworld_root
+    if args.trusted_code:
+        env_kwargs["trusted_code"] = True
     env = gym.make("AppWorld-v0", **env_kwargs)
     appworld = env.unwrapped
     try:
         try:
             task_ids = appworld.task_ids(args.split, args.difficulty)
+        except SandboxUnavailableError as error:
+            raise VcbmGymError(f"{error} (here: --trusted-code)") from None
         except AppWorldServerError as error:
             raise VcbmGymError(f"--split {args.split!r}: {error}") from None
         task_ids = task_ids[: args.max_tasks] if args.max_tasks else task_ids
@@ -249,6 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-prompt-chars", type=int, default=20_000)
     parser.add_argument("--appworld-root", default=None, help="data root (default $VCBM_APPWORLD_ROOT)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--trusted-code",
+        action="store_true",
+        help="run the policy's code without the bubblewrap sandbox (only where bwrap is unavailable)",
+    )
     return parser
 
 

@@ -1,4 +1,4 @@
-"""AppWorld-v0 end to end: the real AppWorld engine (own venv, loopback server) on synthetic tasks.
+"""AppWorld-v0 end to end: the real AppWorld engine (own venv, sandboxed server) on synthetic tasks.
 
 The AppWorld venv is made once per machine (~/.cache/vcbm_gym/appworld-venv, or
 $VCBM_APPWORLD_VENV) and the synthetic tasks once per generator version; the tests skip only if
@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -168,51 +167,35 @@ def test_env_checker(appworld):
     env.close()
 
 
-def test_killed_server_is_restarted_and_the_episode_fails_clearly(appworld):
+def test_killed_server_is_replaced_and_the_episode_fails_clearly(appworld):
     pool, root = appworld
     env = gym.make("AppWorld-v0", split="dev", server_pool=pool)
     env.reset(options={"task_id": dev_task("create_note")})
     env.step(synthetic.LOGIN_CELL)
     server = env.unwrapped._server
     restarts = server.restarts
-    os.kill(server.process.pid, signal.SIGKILL)
+    os.killpg(server.process.pid, signal.SIGKILL)
     server.process.wait(timeout=10)
-    with pytest.raises(AppWorldServerError, match="died during the episode.*restarted.*call reset"):
+    with pytest.raises(AppWorldServerError, match="lost, call reset.*exited.*replaced by a fresh server"):
         env.step("print('after the crash')")
-    assert server.alive() and server.restarts == restarts + 1
+    assert server.restarts == restarts + 1
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step("print('still lost')")
     task_id = dev_task("create_note")
     env.reset(options={"task_id": task_id})
-    assert play(env, oracle_cells(root, task_id))[-1][1] == 1.0
+    assert server.alive() and play(env, oracle_cells(root, task_id))[-1][1] == 1.0
     env.close()
 
 
-def test_unreachable_server_fails_within_bounded_time(appworld):
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        closed_port = sock.getsockname()[1]
-    env = AppWorldEnv(split="dev", server_url=f"http://127.0.0.1:{closed_port}", request_timeout=3)
-    start = time.monotonic()
-    with pytest.raises(AppWorldServerError, match="did not answer"):
-        env.reset(options={"task_id": dev_task("count_notes")})
-    assert time.monotonic() - start < 5
-
-    pool, _ = appworld
-    server = pool.acquire()  # a hung (stopped) server: the request times out instead of hanging
-    try:
-        env = AppWorldEnv(split="dev", server_url=server.url, request_timeout=2, execution_timeout=1)
-        env.reset(options={"task_id": dev_task("count_notes")})
-        os.kill(server.process.pid, signal.SIGSTOP)
-        start = time.monotonic()
-        try:
-            with pytest.raises(AppWorldServerError, match="lost.*did not answer"):
-                env.step("print(1)")
-        finally:
-            os.kill(server.process.pid, signal.SIGCONT)
-        assert time.monotonic() - start < 8
-    finally:
-        pool.release(server)
+def test_the_world_server_never_sees_ground_truth(appworld):
+    pool, root = appworld
+    env = gym.make("AppWorld-v0", split="dev", server_pool=pool)
+    task_id = dev_task("create_note")
+    env.reset(options={"task_id": task_id})
+    assert (root / "data" / "tasks" / task_id / "ground_truth").is_dir()
+    listing = env.step(f"print(sorted(__import__('posix').listdir('/appworld/data/tasks/{task_id}')))")[0]
+    assert listing == '["dbs", "specs.json"]\n'
+    env.close()
 
 
 def test_evaluate_cli_reports_tgc_and_sgc(appworld, tmp_path):
@@ -256,13 +239,6 @@ def test_text_spaces_accept_any_string():
     assert space.contains('Traceback: "é" \n\t') and space.contains("")
     assert not space.contains("x" * 21) and not space.contains(3)
     assert space.contains(space.sample())
-
-
-def test_client_refuses_non_loopback_urls():
-    from envs.appworld.pool import AppWorldClient
-
-    with pytest.raises(ValueError, match="loopback"):
-        AppWorldClient("http://10.0.0.5:8000")
 
 
 def test_table_iii_rows_from_appworld_metric():
