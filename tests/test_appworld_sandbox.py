@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -487,6 +488,7 @@ def test_no_server_outlives_its_owner(data, how):
         stdout=subprocess.PIPE,
         text=True,
     )
+    workdir = None
     try:
         workdir = Path(json.loads(owner.stdout.readline())["workdir"])
         servers = _descendants(owner.pid)
@@ -504,6 +506,8 @@ def test_no_server_outlives_its_owner(data, how):
     finally:
         owner.kill()
         owner.wait()
+        if workdir is not None:  # a SIGKILLed owner cannot clean up after itself
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_no_bubblewrap_means_a_clear_refusal(data, monkeypatch):
