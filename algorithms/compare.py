@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -97,9 +98,12 @@ def finished_summary(job: Job) -> dict[str, Any] | None:
 
 
 def _init_worker() -> None:
-    import torch
-
-    torch.set_num_threads(1)  # the seeds are the parallelism; BLAS threads would only contend
+    """The seeds are the parallelism; BLAS/OpenMP threads would only contend. Set through the
+    environment so that torch is imported only by the runs that use it."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 
 def _run_job(argv: Sequence[str]) -> dict[str, Any]:

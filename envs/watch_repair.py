@@ -115,12 +115,16 @@ class WatchRepairDynamics:
         (one uniform per episode, inverse CDF), unless fixed by `brand`."""
         state = np.zeros((n, 5), dtype=np.int64)
         if brand is None:
-            state[:, 3] = self._brand_cdf.searchsorted(rng.random(n), side="right")
+            state[:, 3] = self.brands(rng.random(n))
         else:
             if not 0 <= int(brand) < self.params.n_brands:
                 raise ValueError(f"brand={brand}: expected an integer in [0, {self.params.n_brands - 1}]")
             state[:, 3] = int(brand)
         return state
+
+    def brands(self, uniforms: np.ndarray) -> np.ndarray:
+        """Brand from a uniform in [0, 1) by inverse CDF (what `Generator.choice(p=brand_probs)` does)."""
+        return self._brand_cdf.searchsorted(uniforms, side="right")
 
     def draw(self, rngs: Sequence[np.random.Generator], brand: np.ndarray, first_action: np.ndarray) -> EpisodeDraws:
         """Episode i's random numbers from rngs[i] (one generator may appear many times)."""
@@ -286,10 +290,10 @@ class WatchRepairVectorEnv(VectorEnv):
 
     def _start(self, index: np.ndarray) -> None:
         """New episodes in sub-envs `index`: a brand from each one's generator, t = 0."""
-        if self._rngs is None:
+        if self._rngs is None or self._brand_option is not None:
             brand = self.dynamics.reset(self.np_random, len(index), self._brand_option)[:, 3]
-        else:
-            brand = np.array([self.dynamics.reset(rng, 1, self._brand_option)[0, 3] for rng in self.generators(index)])
+        else:  # one uniform from each sub-env's own generator, as its single env would draw it
+            brand = self.dynamics.brands(np.array([rng.random() for rng in self.generators(index)]))
         self._states[index] = 0
         self._states[index, 0, 3] = brand
         self._t[index] = 0

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from operator import itemgetter
+from typing import Any, Callable
 
 import numpy as np
 
@@ -61,7 +62,20 @@ def bookmark_action(w0: Welford, w1: Welford, episode: int, cfg: VCBMConfig, rng
     return 0 if w0.mean > w1.mean else 1
 
 
+def _projector(indices: list[int]) -> Callable[[list[int]], tuple[int, ...]]:
+    """obs (as a list) -> the tuple of its components at `indices`."""
+    if len(indices) == 1:
+        (i,) = indices
+        return lambda obs: (obs[i],)
+    if not indices:
+        return lambda obs: ()
+    return itemgetter(*indices)
+
+
 class VCBMAgent(TabularAgent):
+    """Transitions are buffered and counted in one numpy pass when a role refresh is due (the counts
+    are read only then), so a step costs a list append; see `observe`."""
+
     config_class = VCBMConfig
 
     def __init__(self, observation_space, action_space, config: VCBMConfig, seed: int, component_names=None) -> None:
@@ -72,52 +86,98 @@ class VCBMAgent(TabularAgent):
         self.stats = ChangeStatistics(n_components, self.n_actions)
         self.roles: list[Role] | None = None
         self._contexts: set[tuple[int, ...]] = set()
-        self._context_idx: list[int] = []
-        self._key_idx: list[int] = []
+        self.context_indices: list[int] = []
+        self._context_of = self._key_of = _projector([])
+        self.transitions = 0
+        self._pending: list[tuple[np.ndarray, int, np.ndarray]] = []  # transitions not yet in self.stats
         self._next_refresh = config.warmup_transitions
         self.values: defaultdict[tuple[tuple[int, ...], int], Welford] = defaultdict(Welford)
         self._episode_visits: list[tuple[tuple[int, ...], int]] = []
         self._episode_return = 0.0
 
+    def record_pending(self) -> None:
+        """Count the buffered transitions into `self.stats` (ChangeStatistics.update_many)."""
+        if self._pending:
+            states, actions, next_states = zip(*self._pending)
+            self.stats.update_many(np.stack(states), np.asarray(actions), np.stack(next_states))
+            self._pending = []
+
     def refresh_roles(self) -> None:
         """Re-run Eq. 9 on the counts so far and rebuild the bookmark contexts and the key."""
+        self.record_pending()
         cfg = self.config
-        self.roles = self.stats.roles(cfg.eta_clock, cfg.z_thresh)
-        self._context_idx = context_components(self.roles)
-        self._key_idx = key_components(self.roles)
-        self._contexts = bookmark_contexts(self.stats.pre_change_states, self.roles)
+        self.set_roles(self.stats.roles(cfg.eta_clock, cfg.z_thresh), self.stats.pre_change_states)
+
+    def set_roles(self, roles: list[Role], pre_change_states: list[set[tuple[int, ...]]]) -> None:
+        """Sec. IV-A3: the bookmark contexts and the value key under these roles."""
+        self.roles = roles
+        self.context_indices = context_components(roles)
+        self._context_of = _projector(self.context_indices)
+        self._key_of = _projector(key_components(roles))
+        self._contexts = bookmark_contexts(pre_change_states, roles)
 
     def act(self, obs: np.ndarray) -> int:
-        if self.roles is not None and self._contexts:
-            if tuple(int(obs[i]) for i in self._context_idx) in self._contexts:
-                key = tuple(int(obs[i]) for i in self._key_idx)
-                action = bookmark_action(self.values[(key, 0)], self.values[(key, 1)], self.episode, self.config, self.rng)
-                self._episode_visits.append((key, action))
-                return action
+        if self._contexts:
+            components = obs.tolist()
+            if self._context_of(components) in self._contexts:
+                return self.bookmark(self._key_of(components))
         return int(self.rng.integers(self.n_actions))
 
+    @property
+    def contexts(self) -> set[tuple[int, ...]]:
+        """The bookmark contexts: projections on `context_indices` (controlled and clock components)."""
+        return self._contexts
+
+    def random_actions(self, k: int) -> np.ndarray:
+        """k calls of `act`'s non-bookmark branch at once (`Generator.integers` draws the same numbers
+        for size=k as in k calls); for callers that know no bookmark comes in those k steps."""
+        return self.rng.integers(self.n_actions, size=k)
+
+    def record_episodes(self, episodes: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """Count whole episodes, (states (T + 1, n), actions (T,)) each, into `self.stats`."""
+        self.record_pending()
+        if episodes:
+            self.stats.update_many(
+                np.concatenate([s[:-1] for s, _ in episodes]),
+                np.concatenate([a for _, a in episodes]),
+                np.concatenate([s[1:] for s, _ in episodes]),
+            )
+
+    def bookmark(self, key: tuple[int, ...]) -> int:
+        """The action at a bookmark with value key `key`; the visit is credited at the episode's end."""
+        action = bookmark_action(self.values[(key, 0)], self.values[(key, 1)], self.episode, self.config, self.rng)
+        self._episode_visits.append((key, action))
+        return action
+
     def observe(self, obs, action, reward, next_obs, done) -> None:
-        self.stats.update(obs, action, next_obs)
+        self._pending.append((obs, action, next_obs))
         self._episode_return += reward
-        if self.stats.transitions >= self._next_refresh:
+        self.transitions += 1
+        if self.transitions >= self._next_refresh:
             self.refresh_roles()
             self._next_refresh += self.config.refresh_every
 
     def end_episode(self) -> dict[str, float]:
-        for key_action in self._episode_visits:
-            self.values[key_action].update(self._episode_return)
+        visits = len(self._episode_visits)
+        self.learn(self._episode_return)
         scalars = {
             "vcbm/epsilon": exploration_epsilon(self.episode, self.config),
-            "vcbm/bookmark_visits": float(len(self._episode_visits)),
+            "vcbm/bookmark_visits": float(visits),
             "vcbm/bookmark_contexts": float(len(self._contexts)),
         }
         if self.roles is not None:
             scalars.update({f"roles/{name}": float(int(r)) for name, r in zip(self.component_names, self.roles)})
-        self._episode_visits, self._episode_return = [], 0.0
         super().end_episode()
         return scalars
 
+    def learn(self, episode_return: float) -> None:
+        """Eq. 11: every (key, action) visited this episode gets the episode's return G."""
+        for key_action in self._episode_visits:
+            self.values[key_action].update(episode_return)
+        self._episode_visits, self._episode_return = [], 0.0
+
     def summary(self) -> dict[str, Any]:
+        self.record_pending()
         roles = self.roles or []
         return {
             "roles": {name: str(role) for name, role in zip(self.component_names, roles)},
