@@ -41,6 +41,7 @@ from algorithms.registry import get_algo, load_object
 from algorithms.tabular.runner import TabularRunConfig
 from algorithms.tabular.vcbm import VCBMAgent
 from envs.watch_repair import COMPONENT_NAMES, GROUND_TRUTH_ROLES, WatchRepairDynamics, WatchRepairParams
+from vcbm_gym.credit.causal_roles import Role, classify_roles
 
 
 def _check(agent_cfg: Any, run_cfg: TabularRunConfig, horizon: int) -> None:
@@ -52,26 +53,75 @@ def _check(agent_cfg: Any, run_cfg: TabularRunConfig, horizon: int) -> None:
         raise ValueError(f"max_episodes={run_cfg.max_episodes}: expected an integer >= 1")
 
 
-def late_bookmarks(agents: list[VCBMAgent], states: np.ndarray, nvec: np.ndarray) -> np.ndarray:
-    """(N,) bool: whether any of agent i's `states[i]` (its states after t = 0) is one of its contexts.
+class BatchChangeCounts:
+    """What each seed's `ChangeStatistics` holds (Eq. 9-10's c[i, a] and n[a], and the states seen
+    just before each component changed), kept for many seeds at once: counts as (seeds, ...) arrays,
+    states as mixed-radix integer codes. Pre-change codes are buffered between role refreshes."""
 
-    Seeds that project on the same components are tested together: a context is a mixed-radix code
-    over those components, looked up in a (seeds, codes) table.
-    """
-    hits = np.zeros(len(agents), dtype=bool)
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for row, agent in enumerate(agents):
+    def __init__(self, n_seeds: int, nvec: np.ndarray, n_actions: int, buffer_transitions: int) -> None:
+        n_components = len(nvec)
+        self.n_actions = n_actions
+        self.nvec = np.asarray(nvec, dtype=np.int64)
+        self.strides = np.concatenate([np.cumprod(self.nvec[::-1])[::-1][1:], [1]])
+        self.change_counts = np.zeros((n_seeds, n_components, n_actions), dtype=np.int64)
+        self.action_counts = np.zeros((n_seeds, n_actions), dtype=np.int64)
+        self.pre_change_codes: list[list[set[int]]] = [[set() for _ in range(n_components)] for _ in range(n_seeds)]
+        self._codes = np.zeros((n_seeds, buffer_transitions), dtype=np.int64)
+        self._changed = np.zeros((n_seeds, buffer_transitions, n_components), dtype=bool)
+        self._filled = 0
+
+    def add(self, seeds: np.ndarray, states: np.ndarray, actions: np.ndarray) -> None:
+        """One episode per seed: states (n, T + 1, n_components), actions (n, T)."""
+        changed = states[:, 1:] != states[:, :-1]
+        for a in range(self.n_actions):
+            taken = actions == a
+            self.action_counts[seeds, a] += taken.sum(axis=1)
+            self.change_counts[seeds, :, a] += (changed & taken[:, :, None]).sum(axis=1)
+        horizon = actions.shape[1]
+        window = slice(self._filled, self._filled + horizon)
+        self._codes[seeds, window] = states[:, :-1] @ self.strides
+        self._changed[seeds, window] = changed
+        self._filled += horizon
+
+    def flush(self, seeds: np.ndarray) -> None:
+        """Move the buffered pre-change codes of `seeds` into their sets (at a role refresh)."""
+        codes, changed = self._codes[:, : self._filled], self._changed[:, : self._filled]
+        for i in seeds.tolist():
+            for component, seen in enumerate(self.pre_change_codes[i]):
+                seen.update(codes[i][changed[i, :, component]].tolist())
+        self._filled = 0
+
+    def pre_change_states(self, i: int, components: list[int]) -> list[set[tuple[int, ...]]]:
+        """`ChangeStatistics.pre_change_states` of seed i for `components` (empty sets elsewhere)."""
+        out: list[set[tuple[int, ...]]] = [set() for _ in self.nvec]
+        for c in components:
+            codes = np.fromiter(self.pre_change_codes[i][c], dtype=np.int64)
+            rows = (codes[:, None] // self.strides) % self.nvec
+            out[c] = set(map(tuple, rows.tolist()))
+        return out
+
+
+def context_groups(agents: dict[int, VCBMAgent]) -> dict[tuple, list[int]]:
+    """Seeds (keys of `agents`) with non-empty contexts, grouped by (projection, contexts)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, agent in agents.items():
         if agent.contexts:
-            groups.setdefault(tuple(agent.context_indices), []).append(row)
-    for indices, rows in groups.items():
+            groups.setdefault((tuple(agent.context_indices), tuple(sorted(agent.contexts))), []).append(i)
+    return groups
+
+
+def late_bookmarks(groups: dict[tuple, list[int]], row_of: np.ndarray, states: np.ndarray, nvec: np.ndarray) -> np.ndarray:
+    """(rows,) bool: whether any of row r's `states` (its states after t = 0) is one of its seed's contexts.
+
+    A group of seeds shares its projection and contexts, so its test is one `np.isin` on codes.
+    """
+    hits = np.zeros(len(states), dtype=bool)
+    for (indices, contexts), seeds in groups.items():
+        rows = row_of[seeds]
         radix = nvec[list(indices)]
         strides = np.concatenate([np.cumprod(radix[::-1])[::-1][1:], [1]])
-        size = int(np.prod(radix))
-        table = np.zeros((len(rows), size), dtype=bool)
-        for r, row in enumerate(rows):
-            table[r, np.asarray(sorted(agents[row].contexts), dtype=np.int64).reshape(-1, len(indices)) @ strides] = True
         codes = states[rows][:, :, list(indices)] @ strides
-        hits[rows] = table[np.arange(len(rows))[:, None], codes].any(axis=1)
+        hits[rows] = np.isin(codes, np.asarray(contexts, dtype=np.int64) @ strides).any(axis=1)
     return hits
 
 
@@ -104,53 +154,54 @@ def _run_chunk(seeds, agent_cls, agent_cfg, run_cfg: TabularRunConfig, dynamics:
     obs_space, act_space = dynamics.observation_space(), gym.spaces.Discrete(2)
     nvec = np.asarray(obs_space.nvec)
     env_rngs = [gym.utils.seeding.np_random(int(k))[0] for k in seeds]
-    agents = [agent_cls(obs_space, act_space, agent_cfg, int(k), component_names=COMPONENT_NAMES) for k in seeds]
+    agents = {i: agent_cls(obs_space, act_space, agent_cfg, int(k), component_names=COMPONENT_NAMES) for i, k in enumerate(seeds)}
     trackers = [ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold) for _ in seeds]
-    pending: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in seeds]  # (states, actions) per episode
+    counts = BatchChangeCounts(len(seeds), nvec, 2, max(agent_cfg.warmup_transitions, agent_cfg.refresh_every))
     results: dict[int, dict[str, Any]] = {}
     active = np.arange(len(seeds))
-    transitions = 0
-    next_refresh = agent_cfg.warmup_transitions
+    row_of = np.arange(len(seeds))  # seed index -> row in this episode's arrays
+    groups: dict[tuple, list[int]] = {}
+    transitions, next_refresh = 0, agent_cfg.warmup_transitions
     for episode in range(1, run_cfg.max_episodes + 1):
-        # reset: one uniform per seed -> brand; then the t = 0 decision of each agent
-        brand = dynamics.brands(np.array([env_rngs[i].random() for i in active.tolist()]))
-        first_obs = np.zeros((len(active), 5), dtype=np.int64)
+        live = active.tolist()
+        # reset: one uniform per seed -> brand; then each agent's t = 0 decision
+        brand = dynamics.brands(np.array([env_rngs[i].random() for i in live]))
+        first_obs = np.zeros((len(live), 5), dtype=np.int64)
         first_obs[:, 3] = brand
-        first_action = np.array([agents[i].act(o) for i, o in zip(active.tolist(), first_obs)])
-        # the law, for every seed at once, on each seed's own draws
-        draws = dynamics.draw([env_rngs[i] for i in active.tolist()], brand, first_action)
+        first_action = np.array([agents[i].act(o) for i, o in zip(live, first_obs)])
+        # each seed's own draws, then the law for all seeds at once
+        draws = dynamics.draw([env_rngs[i] for i in live], brand, first_action)
         states, rewards = dynamics.rollout(brand, first_action, draws)
-        actions = np.empty((len(active), horizon), dtype=np.int64)
+        # later actions: uniform, drawn at once, unless a later state is a bookmark
+        actions = np.empty((len(live), horizon), dtype=np.int64)
         actions[:, 0] = first_action
-        late = late_bookmarks([agents[i] for i in active.tolist()], states[:, 1:horizon], nvec)
-        for row, i in enumerate(active.tolist()):
-            agent = agents[i]
+        late = late_bookmarks(groups, row_of, states[:, 1:horizon], nvec)
+        for row, i in enumerate(live):
             if late[row]:
-                actions[row, 1:] = [agent.act(s) for s in states[row, 1:horizon]]
+                actions[row, 1:] = [agents[i].act(s) for s in states[row, 1:horizon]]
             else:
-                actions[row, 1:] = agent.random_actions(horizon - 1)
-        returns = np.cumsum(rewards, axis=1)[:, -1]  # sequential, as the runner adds the rewards
-        correct = first_action == optimal[brand]
+                actions[row, 1:] = agents[i].random_actions(horizon - 1)
+        counts.add(active, states, actions)
         transitions += horizon
-        refresh = transitions >= next_refresh
-        if refresh:
+        if transitions >= next_refresh:  # Eq. 9-10 on the counts so far (the single agent's observe)
             next_refresh += agent_cfg.refresh_every
+            counts.flush(active)
+            for i in live:
+                roles = classify_roles(counts.change_counts[i], counts.action_counts[i], agent_cfg.eta_clock, agent_cfg.z_thresh)
+                controlled = [c for c, role in enumerate(roles) if role is Role.CONTROLLED]
+                agents[i].set_roles(roles, counts.pre_change_states(i, controlled))
+            groups = context_groups(agents)
+        # end of episode: Welford update, convergence
+        returns = np.cumsum(rewards, axis=1)[:, -1]  # sequential, as the runner adds the rewards
+        correct = (first_action == optimal[brand]).tolist()
         finished = []
-        for row, i in enumerate(active.tolist()):
+        for row, i in enumerate(live):
             agent = agents[i]
-            pending[i].append((states[row], actions[row]))
-            if refresh:
-                agent.transitions = transitions
-                agent.record_episodes(pending[i])
-                pending[i] = []
-                agent.refresh_roles()
-            agent.learn(float(returns[row]))
+            agent.learn(float(returns[row]), states[row, 0], states[row, -1])
             agent.episode += 1
-            just_converged = trackers[i].update(bool(correct[row]))
-            if (just_converged and run_cfg.stop_at_convergence) or episode == run_cfg.max_episodes:
+            tracker = trackers[i]
+            if (tracker.update(correct[row]) and run_cfg.stop_at_convergence) or episode == run_cfg.max_episodes:
                 finished.append(row)
-                tracker = trackers[i]
-                agent.record_episodes(pending[i])
                 results[i] = {
                     "seed": int(seeds[i]),
                     "converged": tracker.converged_at is not None,
@@ -159,9 +210,12 @@ def _run_chunk(seeds, agent_cls, agent_cfg, run_cfg: TabularRunConfig, dynamics:
                     "final_correct_rate": tracker.rate,
                     **agent.summary(),
                 }
-                agents[i] = pending[i] = None  # free the seed's memory
+                del agents[i]
+                counts.pre_change_codes[i] = []  # free the seed's memory
         if finished:
             active = np.delete(active, finished)
+            row_of[active] = np.arange(len(active))
+            groups = context_groups(agents)
         if not len(active):
             break
     wall = time.perf_counter() - start_time
