@@ -37,7 +37,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from algorithms.common.errors import VcbmGymError
-from algorithms.registry import get_algo
+from algorithms.registry import ALGOS, get_algo
 from algorithms.stats import describe, mann_whitney
 
 
@@ -51,6 +51,8 @@ class Job:
 
 def algo_argv(label: str) -> list[str]:
     """`rudder` -> [--algo rudder]; `ppo+vcbm_bookmark` -> [--algo ppo --credit vcbm_bookmark]."""
+    if label in ALGOS:  # a registered name, even one with a "+" in it (vcbm+)
+        return ["--algo", label]
     algo, plus, credit = label.partition("+")
     get_algo(algo)  # one clear error for an unknown algo
     if plus and (not credit or "+" in credit):
@@ -81,7 +83,7 @@ def finished_summary(job: Job) -> dict[str, Any] | None:
         command_line = (yaml.safe_load(config_path.read_text()) or {}).get("command_line", {})
     except (json.JSONDecodeError, yaml.YAMLError):
         return None  # a run killed while writing: redo it
-    algo, _, credit = job.label.partition("+")
+    algo, _, credit = (job.label, "", "") if job.label in ALGOS else job.label.partition("+")
     i = job.argv.index
     wanted = {
         "algo": algo,

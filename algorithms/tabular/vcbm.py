@@ -8,6 +8,9 @@
 4. Welford estimate (Eq. 11) of the full return G per (key, action).
 5. Policy at a bookmark: balanced forced sampling to `forced_visits` each, then the two-sample z-test
    gates greedy (z > z_action: residual epsilon_min) versus decaying epsilon-greedy. Elsewhere: uniform.
+
+`vcbm+` (beyond the paper, at the end of this file) keeps 1-3 and replaces 4-5 at bookmarks:
+control-variate estimates and a sequential two-sample test (ARCHITECTURE.md, "vcbm+").
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ class VCBMAgent(TabularAgent):
         n_components = int(np.prod(observation_space.shape))
         self.stats = ChangeStatistics(n_components, self.n_actions)
         self.roles: list[Role] | None = None
+        self._roles_refreshed = False
         self._contexts: set[tuple[int, ...]] = set()
         self.context_indices: list[int] = []
         self._context_of = self._key_of = _projector([])
@@ -125,6 +129,7 @@ class VCBMAgent(TabularAgent):
     def set_roles(self, roles: list[Role], pre_change_states: list[set[tuple[int, ...]]]) -> None:
         """Sec. IV-A3: the bookmark contexts and the value key under these roles."""
         self.roles = roles
+        self._roles_refreshed = True
         self.context_indices = context_components(roles)
         self._context_of = _projector(self.context_indices)
         self._key_of = _projector(key_components(roles))
@@ -174,8 +179,9 @@ class VCBMAgent(TabularAgent):
     def end_episode(self) -> dict[str, float]:
         scalars = {"vcbm/bookmark_visits": float(len(self._episode_visits)), **self.policy_scalars()}
         self.learn(self._episode_return)
-        scalars["vcbm/bookmark_contexts"] = float(len(self._contexts))
-        if self.roles is not None:
+        if self._roles_refreshed:  # roles and contexts change only at refreshes: logged then
+            self._roles_refreshed = False
+            scalars["vcbm/bookmark_contexts"] = float(len(self._contexts))
             scalars.update({f"roles/{name}": float(int(r)) for name, r in zip(self.component_names, self.roles)})
         super().end_episode()
         return scalars
@@ -255,6 +261,11 @@ class VCBMPlusAgent(VCBMAgent):
     config_class = VCBMPlusConfig
 
     def __init__(self, observation_space, action_space, config: VCBMPlusConfig, seed: int, component_names=None) -> None:
+        if config.n_min < 2 or not config.z_decide > 0 or not 0 <= config.epsilon_min <= 1:
+            raise ValueError(
+                f"n_min={config.n_min}, z_decide={config.z_decide}, epsilon_min={config.epsilon_min}: "
+                "expected n_min >= 2 (a standard error needs two visits), z_decide > 0 and 0 <= epsilon_min <= 1"
+            )
         super().__init__(observation_space, action_space, config, seed, component_names)
         self.n_components = int(np.prod(observation_space.shape))
         self.adjusted: defaultdict[tuple[tuple[int, ...], int], RegressionWelford] = defaultdict(

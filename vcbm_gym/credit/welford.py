@@ -1,4 +1,5 @@
-"""Welford running mean and variance (paper 000, Eq. 11) and the bookmark action z-test."""
+"""Welford running mean and variance (paper 000, Eq. 11), the bookmark action z-test, and (vcbm+,
+beyond the paper) Welford co-moments for a control-variate mean."""
 
 from __future__ import annotations
 
