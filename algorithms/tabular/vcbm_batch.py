@@ -30,6 +30,7 @@ import argparse
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import gymnasium as gym
@@ -101,27 +102,38 @@ class BatchChangeCounts:
         return out
 
 
-def context_groups(agents: dict[int, VCBMAgent]) -> dict[tuple, list[int]]:
+@dataclass
+class ContextGroup:
+    """Seeds with the same projection and contexts: a context is a mixed-radix code over `indices`."""
+
+    seeds: list[int]
+    indices: list[int]
+    strides: np.ndarray
+    is_context: np.ndarray  # bool per code
+
+
+def context_groups(agents: dict[int, VCBMAgent], nvec: np.ndarray) -> list[ContextGroup]:
     """Seeds (keys of `agents`) with non-empty contexts, grouped by (projection, contexts)."""
-    groups: dict[tuple, list[int]] = {}
+    by_contexts: dict[tuple, list[int]] = {}
     for i, agent in agents.items():
         if agent.contexts:
-            groups.setdefault((tuple(agent.context_indices), tuple(sorted(agent.contexts))), []).append(i)
+            by_contexts.setdefault((tuple(agent.context_indices), tuple(sorted(agent.contexts))), []).append(i)
+    groups = []
+    for (indices, contexts), seeds in by_contexts.items():
+        radix = nvec[list(indices)]
+        strides = np.concatenate([np.cumprod(radix[::-1])[::-1][1:], [1]]).astype(np.int64)
+        is_context = np.zeros(int(np.prod(radix)), dtype=bool)
+        is_context[np.asarray(contexts, dtype=np.int64) @ strides] = True
+        groups.append(ContextGroup(seeds, list(indices), strides, is_context))
     return groups
 
 
-def late_bookmarks(groups: dict[tuple, list[int]], row_of: np.ndarray, states: np.ndarray, nvec: np.ndarray) -> np.ndarray:
-    """(rows,) bool: whether any of row r's `states` (its states after t = 0) is one of its seed's contexts.
-
-    A group of seeds shares its projection and contexts, so its test is one `np.isin` on codes.
-    """
+def late_bookmarks(groups: list[ContextGroup], row_of: np.ndarray, states: np.ndarray) -> np.ndarray:
+    """(rows,) bool: whether any of row r's `states` (its states after t = 0) is one of its seed's contexts."""
     hits = np.zeros(len(states), dtype=bool)
-    for (indices, contexts), seeds in groups.items():
-        rows = row_of[seeds]
-        radix = nvec[list(indices)]
-        strides = np.concatenate([np.cumprod(radix[::-1])[::-1][1:], [1]])
-        codes = states[rows][:, :, list(indices)] @ strides
-        hits[rows] = np.isin(codes, np.asarray(contexts, dtype=np.int64) @ strides).any(axis=1)
+    for group in groups:
+        rows = row_of[group.seeds]
+        hits[rows] = group.is_context[states[rows][:, :, group.indices] @ group.strides].any(axis=1)
     return hits
 
 
@@ -160,7 +172,7 @@ def _run_chunk(seeds, agent_cls, agent_cfg, run_cfg: TabularRunConfig, dynamics:
     results: dict[int, dict[str, Any]] = {}
     active = np.arange(len(seeds))
     row_of = np.arange(len(seeds))  # seed index -> row in this episode's arrays
-    groups: dict[tuple, list[int]] = {}
+    groups: list[ContextGroup] = []
     transitions, next_refresh = 0, agent_cfg.warmup_transitions
     for episode in range(1, run_cfg.max_episodes + 1):
         live = active.tolist()
@@ -175,7 +187,7 @@ def _run_chunk(seeds, agent_cls, agent_cfg, run_cfg: TabularRunConfig, dynamics:
         # later actions: uniform, drawn at once, unless a later state is a bookmark
         actions = np.empty((len(live), horizon), dtype=np.int64)
         actions[:, 0] = first_action
-        late = late_bookmarks(groups, row_of, states[:, 1:horizon], nvec)
+        late = late_bookmarks(groups, row_of, states[:, 1:horizon])
         for row, i in enumerate(live):
             if late[row]:
                 actions[row, 1:] = [agents[i].act(s) for s in states[row, 1:horizon]]
@@ -190,7 +202,7 @@ def _run_chunk(seeds, agent_cls, agent_cfg, run_cfg: TabularRunConfig, dynamics:
                 roles = classify_roles(counts.change_counts[i], counts.action_counts[i], agent_cfg.eta_clock, agent_cfg.z_thresh)
                 controlled = [c for c, role in enumerate(roles) if role is Role.CONTROLLED]
                 agents[i].set_roles(roles, counts.pre_change_states(i, controlled))
-            groups = context_groups(agents)
+            groups = context_groups(agents, nvec)
         # end of episode: Welford update, convergence
         returns = np.cumsum(rewards, axis=1)[:, -1]  # sequential, as the runner adds the rewards
         correct = (first_action == optimal[brand]).tolist()
@@ -215,7 +227,7 @@ def _run_chunk(seeds, agent_cls, agent_cfg, run_cfg: TabularRunConfig, dynamics:
         if finished:
             active = np.delete(active, finished)
             row_of[active] = np.arange(len(active))
-            groups = context_groups(agents)
+            groups = context_groups(agents, nvec)
         if not len(active):
             break
     wall = time.perf_counter() - start_time
