@@ -61,3 +61,17 @@ def test_batched_runner_rejects_refreshes_inside_an_episode(overrides, message):
 def test_batched_runner_rejects_non_vcbm_algos():
     with pytest.raises(ValueError, match="algo 'rudder'"):
         run_batch([0], "rudder")
+
+
+def test_uniform_actions_in_blocks_draw_what_one_call_per_step_draws():
+    from algorithms.tabular.vcbm import UniformActions
+
+    stepwise, blocked = np.random.default_rng(3), np.random.default_rng(3)
+    uniform = UniformActions(blocked, 2, block=8)
+    want, got = [], []
+    for run_length in [3, 0, 8, 13, 1, 20]:  # uniform actions, then another use of the generator
+        want += [int(stepwise.integers(2)) for _ in range(run_length)] + [stepwise.random()]
+        got += [uniform.next() for _ in range(run_length)]
+        uniform.sync()
+        got.append(blocked.random())
+    assert got == want

@@ -89,11 +89,54 @@ def _projector(indices: list[int]) -> Callable[[list[int]], tuple[int, ...]]:
     return itemgetter(*indices)
 
 
+class UniformActions:
+    """`int(rng.integers(n))` per call, drawn from `rng` in blocks: the same numbers in the same
+    order, because `Generator.integers(n, size=k)` draws exactly what k single calls draw.
+
+    Before anything else draws from `rng`, `sync()` rewinds it to where the single calls would have
+    left it (restore the state saved before the block, redraw the part used).
+    """
+
+    def __init__(self, rng: np.random.Generator, n: int, block: int = 64) -> None:
+        self.rng, self.n, self.block = rng, n, block
+        self._values: list[int] = []
+        self._used = 0
+        self._state: dict | None = None
+
+    def next(self) -> int:
+        if self._used == len(self._values):
+            self._state = self.rng.bit_generator.state
+            self._values, self._used = self.rng.integers(self.n, size=self.block).tolist(), 0
+        self._used += 1
+        return self._values[self._used - 1]
+
+    def sync(self) -> None:
+        if self._used < len(self._values):
+            self.rng.bit_generator.state = self._state
+            if self._used:
+                self.rng.integers(self.n, size=self._used)
+        self._values, self._used = [], 0
+
+
 class VCBMAgent(TabularAgent):
     """Transitions are buffered and counted in one numpy pass when a role refresh is due (the counts
-    are read only then), so a step costs a list append; see `observe`."""
+    are read only then), so a step costs a list append; see `observe`. The uniform actions off the
+    bookmarks come from `UniformActions` (same draws as one `rng.integers(2)` per step)."""
 
     config_class = VCBMConfig
+
+    @property
+    def rng(self) -> np.random.Generator:
+        """The agent's generator, positioned as if every uniform action so far had been one call."""
+        uniform = self.__dict__.get("_uniform")
+        if uniform is not None:
+            uniform.sync()
+        return self._rng
+
+    @rng.setter
+    def rng(self, value: np.random.Generator) -> None:
+        self._rng = value
+        self._uniform = UniformActions(value, self.n_actions)
 
     def __init__(self, observation_space, action_space, config: VCBMConfig, seed: int, component_names=None) -> None:
         super().__init__(observation_space, action_space, config, seed, component_names)
@@ -140,7 +183,7 @@ class VCBMAgent(TabularAgent):
             components = obs.tolist()
             if self._context_of(components) in self._contexts:
                 return self.bookmark(self._key_of(components))
-        return int(self.rng.integers(self.n_actions))
+        return self._uniform.next()
 
     @property
     def contexts(self) -> set[tuple[int, ...]]:
