@@ -107,6 +107,7 @@ class WatchRepairDynamics:
         self._transport_mean = np.asarray(p.transport_mean, float)
         self._counter_probs = np.asarray(p.counter_probs, float)
         self._counter_penalties = np.asarray(p.counter_penalties, float)
+        self._clock = np.arange(p.horizon + 1)
         cdf = np.asarray(p.brand_probs, float).cumsum()
         self._brand_cdf = cdf / cdf[-1]
 
@@ -148,19 +149,18 @@ class WatchRepairDynamics:
         price - transport - sum_j penalty_j * counter_j.
         """
         horizon = self.params.horizon
-        n = len(brand)
+        brand = np.asarray(brand)
         repaired = np.asarray(first_action) == REPAIR
-        states = np.zeros((n, horizon + 1, 5), dtype=np.int64)
+        states = np.empty((len(brand), horizon + 1, 5), dtype=np.int64)
+        states[:, 0, :3] = 0
         states[:, 1:, 0] = repaired[:, None]
         np.cumsum(draws.counter_events, axis=1, out=states[:, 1:, 1:3])
-        states[:, :, 3] = np.asarray(brand)[:, None]
-        states[:, :, 4] = np.arange(horizon + 1)
-        rewards = np.zeros((n, horizon))
-        rewards[repaired, 0] -= draws.cost[repaired]
-        b = np.asarray(brand)[repaired]
-        rewards[repaired, horizon - 1] += (
-            self._price[b] - draws.transport[repaired] - states[repaired, horizon, 1:3] @ self._counter_penalties
-        )
+        states[:, :, 3] = brand[:, None]
+        states[:, :, 4] = self._clock
+        rewards = np.zeros((len(brand), horizon))
+        rewards[:, 0] = np.where(repaired, -draws.cost, 0.0)
+        payout = self._price[brand] - draws.transport - states[:, horizon, 1:3] @ self._counter_penalties
+        rewards[:, horizon - 1] += np.where(repaired, payout, 0.0)
         return states, rewards
 
     def observation_space(self) -> spaces.MultiDiscrete:
