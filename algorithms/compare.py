@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from algorithms.common.errors import VcbmGymError
-from algorithms.registry import get_algo
+from algorithms.registry import ALGOS, get_algo
 from algorithms.stats import describe, mann_whitney
 
 
@@ -50,6 +51,8 @@ class Job:
 
 def algo_argv(label: str) -> list[str]:
     """`rudder` -> [--algo rudder]; `ppo+vcbm_bookmark` -> [--algo ppo --credit vcbm_bookmark]."""
+    if label in ALGOS:  # a registered name, even one with a "+" in it (vcbm+)
+        return ["--algo", label]
     algo, plus, credit = label.partition("+")
     get_algo(algo)  # one clear error for an unknown algo
     if plus and (not credit or "+" in credit):
@@ -80,7 +83,7 @@ def finished_summary(job: Job) -> dict[str, Any] | None:
         command_line = (yaml.safe_load(config_path.read_text()) or {}).get("command_line", {})
     except (json.JSONDecodeError, yaml.YAMLError):
         return None  # a run killed while writing: redo it
-    algo, _, credit = job.label.partition("+")
+    algo, _, credit = (job.label, "", "") if job.label in ALGOS else job.label.partition("+")
     i = job.argv.index
     wanted = {
         "algo": algo,
@@ -97,9 +100,12 @@ def finished_summary(job: Job) -> dict[str, Any] | None:
 
 
 def _init_worker() -> None:
-    import torch
-
-    torch.set_num_threads(1)  # the seeds are the parallelism; BLAS threads would only contend
+    """The seeds are the parallelism; BLAS/OpenMP threads would only contend. Set through the
+    environment so that torch is imported only by the runs that use it."""
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 
 def _run_job(argv: Sequence[str]) -> dict[str, Any]:

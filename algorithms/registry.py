@@ -18,6 +18,7 @@ class AlgoSpec:
 
 ALGOS: dict[str, AlgoSpec] = {
     "vcbm": AlgoSpec("algorithms.tabular.runner", "algorithms.tabular.vcbm:VCBMAgent", "tabular VCBM (paper 000 Sec. IV-A)"),
+    "vcbm+": AlgoSpec("algorithms.tabular.runner", "algorithms.tabular.vcbm:VCBMPlusAgent", "tabular VCBM without the greedy trap (beyond the paper)"),
     "rudder": AlgoSpec("algorithms.tabular.runner", "algorithms.tabular.rudder:RudderAgent", "RUDDER + direct Q (paper 000 Sec. II-B)"),
     "mc": AlgoSpec("algorithms.tabular.runner", "algorithms.tabular.mc:MonteCarloAgent", "tabular Monte Carlo on the delayed reward"),
     "td": AlgoSpec("algorithms.tabular.runner", "algorithms.tabular.q_learning:QLearningAgent", "tabular Q-learning on the delayed reward"),

@@ -19,10 +19,7 @@ from envs.watch_repair import GROUND_TRUTH_ROLES
 
 
 def _one(job: tuple[int, str]) -> dict:
-    import torch
-
-    torch.set_num_threads(1)
-    from algorithms.train import run
+    from algorithms.train import run  # tabular VCBM imports no torch
 
     seed, out = job
     return run(["--algo", "vcbm", "--env", "WatchRepair-v0", "--seed", str(seed), "--log-dir", f"{out}/seed{seed}", "--no-progress"])

@@ -151,8 +151,14 @@ class TextWatchRepairEnv(gym.Env):
         return "skip() done: the watch goes back to its owner unrepaired."
 
     def _step_dynamics(self, action: int) -> None:
-        self._state, reward, _ = self.dynamics.step(self.np_random, self._state, np.array([action]))
-        self._reward += float(reward[0])
+        """One dynamics step: the first draws and rolls out the episode, later ones replay it."""
+        t = int(self._state[0, 4])
+        if t == 0:
+            brand, first_action = self._state[:, 3], np.array([action])
+            draws = self.dynamics.draw([self.np_random], brand, first_action)
+            self._trajectory, self._step_rewards = self.dynamics.rollout(brand, first_action, draws)
+        self._state = self._trajectory[:, t + 1]
+        self._reward += float(self._step_rewards[0, t])
 
     def _advance(self, final: bool) -> str:
         """Run this turn's share of the remaining dynamics steps; describe the transport events."""

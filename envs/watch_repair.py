@@ -77,8 +77,25 @@ class WatchRepairParams:
 
 
 @dataclass
+class EpisodeDraws:
+    """The random parts of n episodes, drawn once at the first step (in `WatchRepairDynamics.draw`'s order)."""
+
+    cost: np.ndarray  # (n,) repair cost, 0 where the watch was kept
+    counter_events: np.ndarray  # (n, T, 2) bool: counter j goes up at step t
+    transport: np.ndarray  # (n,) transport cost, 0 where the watch was kept
+
+
+@dataclass
 class WatchRepairDynamics:
-    """The task's transition law over a batch of episodes; state is [flag, c1, c2, brand, t]."""
+    """The task's transition law over a batch of episodes; state is [flag, c1, c2, brand, t].
+
+    Only the first action of an episode changes anything (repair at t = 0); every later step just
+    moves the clock and the two counters. So the law is written per episode: `draw` takes the
+    episode's random numbers from the generator(s) at its first step, in the order a step-by-step
+    simulation would (repair cost, then 2 counter uniforms per step, then the transport cost), and
+    `rollout` turns brand, first action and draws into the whole (T + 1)-state trajectory and the
+    T rewards. The single env, the vector env and the text env replay those trajectories step by step.
+    """
 
     params: WatchRepairParams = field(default_factory=WatchRepairParams)
 
@@ -90,58 +107,74 @@ class WatchRepairDynamics:
         self._transport_mean = np.asarray(p.transport_mean, float)
         self._counter_probs = np.asarray(p.counter_probs, float)
         self._counter_penalties = np.asarray(p.counter_penalties, float)
-        self._brand_probs = np.asarray(p.brand_probs, float)
+        self._clock = np.arange(p.horizon + 1)
+        cdf = np.asarray(p.brand_probs, float).cumsum()
+        self._brand_cdf = cdf / cdf[-1]
 
     def reset(self, rng: np.random.Generator, n: int, brand: int | None = None) -> np.ndarray:
+        """n initial states; the brand is drawn as `rng.choice(n_brands, n, p=brand_probs)` draws it
+        (one uniform per episode, inverse CDF), unless fixed by `brand`."""
         state = np.zeros((n, 5), dtype=np.int64)
         if brand is None:
-            state[:, 3] = rng.choice(self.params.n_brands, size=n, p=self._brand_probs)
+            state[:, 3] = self.brands(rng.random(n))
         else:
             if not 0 <= int(brand) < self.params.n_brands:
                 raise ValueError(f"brand={brand}: expected an integer in [0, {self.params.n_brands - 1}]")
             state[:, 3] = int(brand)
         return state
 
-    def step(
-        self, rng: np.random.Generator, state: np.ndarray, actions: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Advance every episode one step; returns (next_state, reward, terminated).
+    def brands(self, uniforms: np.ndarray) -> np.ndarray:
+        """Brand from a uniform in [0, 1) by inverse CDF (what `Generator.choice(p=brand_probs)` does)."""
+        return self._brand_cdf.searchsorted(uniforms, side="right")
 
-        The caller guarantees that no episode in the batch has finished.
+    def draw(self, rngs: Sequence[np.random.Generator], brand: np.ndarray, first_action: np.ndarray) -> EpisodeDraws:
+        """Episode i's random numbers from rngs[i] (one generator may appear many times)."""
+        horizon = self.params.horizon
+        n = len(brand)
+        cost, transport = np.zeros(n), np.zeros(n)
+        uniforms = np.empty((n, horizon, 2))
+        for i, (rng, b, a) in enumerate(zip(rngs, brand.tolist(), first_action.tolist())):
+            if a == REPAIR:
+                cost[i] = rng.normal(self._cost_mean[b], self._cost_sd[b])
+            uniforms[i] = rng.random((horizon, 2))
+            if a == REPAIR:
+                transport[i] = rng.normal(self._transport_mean[b], self.params.transport_sd)
+        return EpisodeDraws(cost, uniforms < self._counter_probs, transport)
+
+    def rollout(self, brand: np.ndarray, first_action: np.ndarray, draws: EpisodeDraws) -> tuple[np.ndarray, np.ndarray]:
+        """The law: states (n, T + 1, 5) and rewards (n, T) of n episodes.
+
+        Repairing at t = 0 sets the flag and costs the repair; each step each counter goes up with
+        its probability and the clock ticks; at t = T a repaired watch pays
+        price - transport - sum_j penalty_j * counter_j.
         """
-        p = self.params
-        actions = np.asarray(actions)
-        if actions.min() < REPAIR or actions.max() > KEEP or not np.issubdtype(actions.dtype, np.integer):
-            bad = actions[(actions != REPAIR) & (actions != KEEP)]
-            raise InvalidActionError(
-                f"invalid action {bad[0].item() if len(bad) else actions.dtype!r}: "
-                "expected 0 (repair) or 1 (do not repair)"
-            )
-        state = state.copy()
-        n = len(state)
-        brand = state[:, 3]
-        reward = np.zeros(n, dtype=np.float64)
-
-        repairs = (state[:, 4] == 0) & (actions == REPAIR)
-        if repairs.any():
-            cost = rng.normal(self._cost_mean[brand[repairs]], self._cost_sd[brand[repairs]])
-            reward[repairs] -= cost
-            state[repairs, 0] = 1
-
-        state[:, 1:3] += rng.random((n, 2)) < self._counter_probs
-        state[:, 4] += 1
-
-        terminated = state[:, 4] >= p.horizon
-        paid = terminated & (state[:, 0] == 1)
-        if paid.any():
-            b = brand[paid]
-            transport = rng.normal(self._transport_mean[b], p.transport_sd)
-            reward[paid] += self._price[b] - transport - state[paid, 1:3] @ self._counter_penalties
-        return state, reward, terminated
+        horizon = self.params.horizon
+        brand = np.asarray(brand)
+        repaired = np.asarray(first_action) == REPAIR
+        states = np.empty((len(brand), horizon + 1, 5), dtype=np.int64)
+        states[:, 0, :3] = 0
+        states[:, 1:, 0] = repaired[:, None]
+        np.cumsum(draws.counter_events, axis=1, out=states[:, 1:, 1:3])
+        states[:, :, 3] = brand[:, None]
+        states[:, :, 4] = self._clock
+        rewards = np.zeros((len(brand), horizon))
+        rewards[:, 0] = np.where(repaired, -draws.cost, 0.0)
+        payout = self._price[brand] - draws.transport - states[:, horizon, 1:3] @ self._counter_penalties
+        rewards[:, horizon - 1] += np.where(repaired, payout, 0.0)
+        return states, rewards
 
     def observation_space(self) -> spaces.MultiDiscrete:
         t = self.params.horizon
         return spaces.MultiDiscrete([2, t + 1, t + 1, self.params.n_brands, t + 1], dtype=np.int64)
+
+
+def check_actions(actions: np.ndarray) -> None:
+    """One clear error for any action outside {0, 1} (or a non-integer dtype)."""
+    if actions.size and (actions.min() < REPAIR or actions.max() > KEEP or not np.issubdtype(actions.dtype, np.integer)):
+        bad = actions[(actions != REPAIR) & (actions != KEEP)]
+        raise InvalidActionError(
+            f"invalid action {bad[0].item() if len(bad) else actions.dtype!r}: expected 0 (repair) or 1 (do not repair)"
+        )
 
 
 class WatchRepairEnv(gym.Env):
@@ -150,6 +183,7 @@ class WatchRepairEnv(gym.Env):
     `info` carries `brand`, `optimal_first_action` and, once the first decision is made,
     `first_decision_optimal`: for evaluation only; agents must not learn from it.
     `reset(options={"brand": b})` fixes the brand of that episode.
+    The first step draws the episode (`WatchRepairDynamics.draw`, `rollout`); later steps replay it.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
@@ -163,37 +197,44 @@ class WatchRepairEnv(gym.Env):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r}: expected one of {self.metadata['render_modes']}")
         self.render_mode = render_mode
-        self._optimal = self.params.optimal_first_action()
-        self._state: np.ndarray | None = None
+        self._optimal = self.params.optimal_first_action().tolist()
+        self._horizon = self.params.horizon
+        self._states: np.ndarray | None = None  # (T + 1, 5) once the first action is known
+        self._rewards: list[float] = []
+        self._t = 0
+        self._brand = 0
         self._first_action: int | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         brand = (options or {}).get("brand")
-        self._state = self.dynamics.reset(self.np_random, 1, brand)
-        self._first_action = None
-        return self._state[0].copy(), self._info()
+        state = self.dynamics.reset(self.np_random, 1, brand)
+        self._brand, self._t, self._first_action, self._states = int(state[0, 3]), 0, None, state
+        return state[0].copy(), {"brand": self._brand, "optimal_first_action": self._optimal[self._brand]}
 
     def step(self, action):
-        if self._state is None or self._state[0, 4] >= self.params.horizon:
+        if self._states is None or self._t >= self._horizon:
             raise RuntimeError("step() called before reset() or after the episode ended")
-        if not self.action_space.contains(action):
+        if not (action.__class__ is int and 0 <= action <= 1) and not self.action_space.contains(action):
             raise InvalidActionError(f"invalid action {action!r}: expected 0 (repair) or 1 (do not repair)")
-        if self._state[0, 4] == 0:
-            self._first_action = int(action)
-        self._state, reward, terminated = self.dynamics.step(self.np_random, self._state, np.array([int(action)]))
-        return self._state[0].copy(), float(reward[0]), bool(terminated[0]), False, self._info()
-
-    def _info(self) -> dict[str, Any]:
-        brand = int(self._state[0, 3])
-        info: dict[str, Any] = {"brand": brand, "optimal_first_action": int(self._optimal[brand])}
-        if self._first_action is not None:
-            info["first_decision_optimal"] = self._first_action == int(self._optimal[brand])
-        return info
+        t = self._t
+        if t == 0:
+            self._first_action = first = int(action)
+            brand, first_action = np.array([self._brand]), np.array([first])
+            draws = self.dynamics.draw([self.np_random], brand, first_action)
+            states, rewards = self.dynamics.rollout(brand, first_action, draws)
+            self._states, self._rewards = states[0], rewards[0].tolist()
+        self._t = t + 1
+        info = {
+            "brand": self._brand,
+            "optimal_first_action": self._optimal[self._brand],
+            "first_decision_optimal": self._first_action == self._optimal[self._brand],
+        }
+        return self._states[t + 1].copy(), self._rewards[t], t + 1 >= self._horizon, False, info
 
     def render(self):
-        if self.render_mode == "ansi" and self._state is not None:
-            return ", ".join(f"{n}={v}" for n, v in zip(COMPONENT_NAMES, self._state[0]))
+        if self.render_mode == "ansi" and self._states is not None:
+            return ", ".join(f"{n}={v}" for n, v in zip(COMPONENT_NAMES, self._states[min(self._t, len(self._states) - 1)]))
         return None
 
 
@@ -202,49 +243,83 @@ class WatchRepairVectorEnv(VectorEnv):
 
     Infos are dicts of arrays: `brand`, `optimal_first_action`, and `first_action`
     (-1 before the first decision).
+
+    `reset(seed=k)` seeds one generator shared by all sub-envs; `reset(seed=[k_0, ..., k_{n-1}])`
+    gives sub-env i its own generator, seeded as `WatchRepairEnv.reset(seed=k_i)` seeds it, so that
+    sub-env i replays exactly the episodes of a single env with seed k_i under the same actions.
     """
 
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, num_envs: int, **params: Any) -> None:
         self.num_envs = int(num_envs)
+        if self.num_envs < 1:
+            raise ValueError(f"num_envs={num_envs}: expected an integer >= 1")
         self.dynamics = WatchRepairDynamics(WatchRepairParams(**params))
+        self.horizon = self.dynamics.params.horizon
         self.single_observation_space = self.dynamics.observation_space()
         self.single_action_space = spaces.Discrete(2)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
         self._optimal = self.dynamics.params.optimal_first_action()
-        self._state = np.zeros((self.num_envs, 5), dtype=np.int64)
+        self._rngs: list[np.random.Generator] | None = None  # per-env generators, or None: the shared one
+        self._states = np.zeros((self.num_envs, self.horizon + 1, 5), dtype=np.int64)  # planned trajectories
+        self._rewards = np.zeros((self.num_envs, self.horizon))
+        self._t = np.zeros(self.num_envs, dtype=np.int64)
         self._first_action = np.full(self.num_envs, -1)
-        self._needs_reset = np.zeros(self.num_envs, dtype=bool)
         self._brand_option: int | None = None
 
-    def reset(self, *, seed: int | None = None, options: dict | None = None):
-        if seed is not None:
-            self._np_random, self._np_random_seed = gym.utils.seeding.np_random(seed)
+    def generators(self, index: np.ndarray) -> list[np.random.Generator]:
+        """The generator of each sub-env in `index` (the shared one repeated if there are no per-env ones)."""
+        if self._rngs is None:
+            return [self.np_random] * len(index)
+        return [self._rngs[i] for i in index.tolist()]
+
+    def reset(self, *, seed: int | Sequence[int] | None = None, options: dict | None = None):
+        if seed is not None and not isinstance(seed, (int, np.integer)):
+            seeds = list(seed)
+            if len(seeds) != self.num_envs:
+                raise ValueError(f"{len(seeds)} seeds: expected one int or num_envs={self.num_envs} ints")
+            self._rngs = [gym.utils.seeding.np_random(int(k))[0] for k in seeds]
+        elif seed is not None:
+            self._np_random, self._np_random_seed = gym.utils.seeding.np_random(int(seed))
+            self._rngs = None
         self._brand_option = (options or {}).get("brand")
-        self._state = self.dynamics.reset(self.np_random, self.num_envs, self._brand_option)
-        self._first_action[:] = -1
-        self._needs_reset[:] = False
-        return self._state.copy(), self._infos()
+        self._start(np.arange(self.num_envs))
+        return self._states[:, 0].copy(), self._infos()
+
+    def _start(self, index: np.ndarray) -> None:
+        """New episodes in sub-envs `index`: a brand from each one's generator, t = 0."""
+        if self._rngs is None or self._brand_option is not None:
+            brand = self.dynamics.reset(self.np_random, len(index), self._brand_option)[:, 3]
+        else:  # one uniform from each sub-env's own generator, as its single env would draw it
+            brand = self.dynamics.brands(np.array([rng.random() for rng in self.generators(index)]))
+        self._states[index] = 0
+        self._states[index, 0, 3] = brand
+        self._t[index] = 0
+        self._first_action[index] = -1
 
     def step(self, actions):
         actions = np.asarray(actions).reshape(self.num_envs)
         reward = np.zeros(self.num_envs)
-        terminated = np.zeros(self.num_envs, dtype=bool)
-        live = ~self._needs_reset
-        if (~live).any():
-            self._state[~live] = self.dynamics.reset(self.np_random, int((~live).sum()), self._brand_option)
-            self._first_action[~live] = -1
-        if live.any():
-            first = live & (self._state[:, 4] == 0)
+        done = self._t >= self.horizon
+        live = ~done
+        check_actions(actions[live])
+        first = np.flatnonzero(live & (self._t == 0))
+        if len(first):
             self._first_action[first] = actions[first]
-            self._state[live], reward[live], terminated[live] = self.dynamics.step(
-                self.np_random, self._state[live], actions[live]
-            )
-        self._needs_reset = terminated.copy()
-        return self._state.copy(), reward, terminated, np.zeros(self.num_envs, dtype=bool), self._infos()
+            brand, first_action = self._states[first, 0, 3], actions[first]
+            draws = self.dynamics.draw(self.generators(first), brand, first_action)
+            self._states[first], self._rewards[first] = self.dynamics.rollout(brand, first_action, draws)
+        if done.any():
+            self._start(np.flatnonzero(done))
+        t = self._t
+        reward[live] = self._rewards[live, t[live]]
+        t[live] += 1
+        terminated = live & (t >= self.horizon)
+        obs = self._states[np.arange(self.num_envs), t]
+        return obs, reward, terminated, np.zeros(self.num_envs, dtype=bool), self._infos(obs)
 
-    def _infos(self) -> dict[str, np.ndarray]:
-        brand = self._state[:, 3].copy()
+    def _infos(self, obs: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        brand = (self._states[:, 0, 3] if obs is None else obs[:, 3]).copy()
         return {"brand": brand, "optimal_first_action": self._optimal[brand], "first_action": self._first_action.copy()}

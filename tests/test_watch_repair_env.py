@@ -112,3 +112,24 @@ def test_brand_probabilities_are_a_constructor_argument():
     assert set(obs[:, 3].tolist()) == {2}
     with pytest.raises(ValueError, match="brand_probs"):
         WatchRepairEnv(brand_probs=(0.5, 0.6, 0.0, 0.0))
+
+
+def test_vector_env_with_one_seed_per_sub_env_replays_the_single_envs_with_those_seeds():
+    seeds = [3, 9, 11]
+    venv = WatchRepairVectorEnv(len(seeds))
+    vobs, _ = venv.reset(seed=seeds)
+    envs = [WatchRepairEnv() for _ in seeds]
+    obs = [env.reset(seed=k)[0] for env, k in zip(envs, seeds)]
+    actions = np.random.default_rng(1).integers(0, 2, size=(3 * 51, len(seeds)))
+    for step, row in enumerate(actions):
+        vobs, vreward, vterm, _, _ = venv.step(row)
+        for i, env in enumerate(envs):
+            if step % 51 == 50:  # the vector env's autoreset step
+                obs[i], _ = env.reset()
+                assert vreward[i] == 0.0 and not vterm[i]
+            else:
+                obs[i], reward, term, _, _ = env.step(int(row[i]))
+                assert reward == vreward[i] and term == vterm[i]
+            assert obs[i].tolist() == vobs[i].tolist()
+    with pytest.raises(ValueError, match="2 seeds: expected one int or num_envs=3 ints"):
+        venv.reset(seed=[1, 2])

@@ -85,6 +85,18 @@ class ChangeStatistics:
                 self.change_counts[i, action] += 1
                 self.pre_change_states[i].add(key)
 
+    def update_many(self, states: np.ndarray, actions: np.ndarray, next_states: np.ndarray) -> None:
+        """`update` for N transitions at once: (N, n_components) states, (N,) actions."""
+        states, next_states = np.asarray(states), np.asarray(next_states)
+        actions = np.asarray(actions)
+        changed = states != next_states
+        for a in range(len(self.action_counts)):
+            taken = actions == a
+            self.action_counts[a] += int(taken.sum())
+            self.change_counts[:, a] += changed[taken].sum(axis=0)
+        for i in range(states.shape[1]):
+            self.pre_change_states[i].update(map(tuple, states[changed[:, i]].tolist()))
+
     def roles(self, eta_clock: float, z_thresh: float) -> list[Role]:
         return classify_roles(self.change_counts, self.action_counts, eta_clock, z_thresh)
 

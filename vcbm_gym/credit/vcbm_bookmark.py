@@ -32,13 +32,7 @@ from vcbm_gym.credit.causal_roles import ChangeStatistics, Role, bookmark_contex
 
 def record_transitions(stats: ChangeStatistics, states: np.ndarray, actions: np.ndarray, next_states: np.ndarray) -> None:
     """ChangeStatistics.update for N transitions at once: c[i, a], n[a] and the pre-change states."""
-    changed = states != next_states
-    for a in range(len(stats.action_counts)):
-        taken = actions == a
-        stats.action_counts[a] += int(taken.sum())
-        stats.change_counts[:, a] += changed[taken].sum(axis=0)
-    for i in range(states.shape[1]):
-        stats.pre_change_states[i].update(map(tuple, np.unique(states[changed[:, i]], axis=0).tolist()))
+    stats.update_many(states, actions, next_states)
 
 
 def bookmark_weights(mask: np.ndarray, is_bookmark: np.ndarray, alpha: float) -> np.ndarray:
