@@ -27,6 +27,9 @@ ALGOS: dict[str, AlgoSpec] = {
     "dqn": AlgoSpec("algorithms.sb3.runner", "stable_baselines3:DQN", "SB3 DQN on redistributed rewards"),
     "loop": AlgoSpec("algorithms.llm.runner", "algorithms.llm.trainer:LoopTrainer", "LOOP: leave-one-out PPO for LLM agents"),
     "vcbm-loop": AlgoSpec("algorithms.llm.runner", "algorithms.llm.trainer:LoopTrainer", "VCBM-blended LOOP"),
+    "trl-grpo": AlgoSpec(
+        "algorithms.llm.runner", "algorithms.llm.trainer:MultiTurnGRPOTrainer", "TRL's GRPO (sequence-level advantage)"
+    ),
 }
 
 

@@ -21,15 +21,22 @@ decision by the last turn the watch stays unrepaired (return 0). The terminal re
 watch-repair return times `reward_scale` (default 0.1: expected returns of repairing brands 0-3
 are -0.15, 0.35, 0.35, -0.15; realised returns lie roughly within [-4, 6]).
 
+`noise_scale` (default 1.0, the paper's noise) scales the return's deviation from its mean
+given the brand and the decision: G' = E[G | brand, decision] + noise_scale * (G - E[G | ...]).
+0 makes every return its expectation (a noiseless variant); the expected returns, and so the
+optimal decisions, never change. At the paper's noise one return has signal-to-noise 0.14-0.33.
+
 `info` per step: `state_mutating` (this call changed the state), `execution_output` (the text the
 call returned: the VCBM bookmark key), `effect` (canonical action: repair, skip, inspect, wait or
 invalid; EMPO's effect), `is_decision_turn`, `brand`, `optimal_first_action`, and once decided
-`first_decision_optimal` and `task_goal_completion` (the decision was optimal). The last four are
-for evaluation only; no agent may learn from them.
+`first_decision_optimal` and `task_goal_completion` (the decision was optimal). An episode that
+ends undecided reports both as failures (False, 0.0) on its last step, so completion rates count
+it. The last four are for evaluation only; no agent may learn from them.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from typing import Any
@@ -63,17 +70,27 @@ class TextWatchRepairEnv(gym.Env):
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
 
-    def __init__(self, max_turns: int = 6, reward_scale: float = 0.1, render_mode: str | None = None, **params: Any):
+    def __init__(
+        self,
+        max_turns: int = 6,
+        reward_scale: float = 0.1,
+        noise_scale: float = 1.0,
+        render_mode: str | None = None,
+        **params: Any,
+    ):
         if int(max_turns) < 2:
             raise ValueError(f"max_turns={max_turns}: expected an integer >= 2 (a decision and a later turn)")
-        if not reward_scale > 0:
-            raise ValueError(f"reward_scale={reward_scale}: expected a positive number")
-        self.max_turns, self.reward_scale = int(max_turns), float(reward_scale)
+        if not (math.isfinite(reward_scale) and reward_scale > 0):
+            raise ValueError(f"reward_scale={reward_scale}: expected a positive finite number")
+        if not (math.isfinite(noise_scale) and noise_scale >= 0):
+            raise ValueError(f"noise_scale={noise_scale}: expected a finite number >= 0 (1 is the paper's noise)")
+        self.max_turns, self.reward_scale, self.noise_scale = int(max_turns), float(reward_scale), float(noise_scale)
         self.dynamics = WatchRepairDynamics(WatchRepairParams(**params))
         self.params = self.dynamics.params
         if self.params.n_brands > len(BRAND_NAMES):
             raise ValueError(f"{self.params.n_brands} brands: expected at most {len(BRAND_NAMES)}")
         self._optimal = self.params.optimal_first_action()
+        self._expected_repair = self.params.expected_repair_return()
         self.observation_space = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=string.printable)
         self.action_space = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=string.printable)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -123,7 +140,7 @@ class TextWatchRepairEnv(gym.Env):
             output += " " + self._advance(final=terminated)
         reward = 0.0
         if terminated:
-            reward = self._reward * self.reward_scale
+            reward = self._final_return() * self.reward_scale
             output += f" The episode is over. Final result: {self._outcome()}"
         self._last_obs = f"{output}\n{self._status()}" if not terminated else output
         return self._last_obs, float(reward), terminated, False, self._info(mutating, output, effect, is_decision)
@@ -140,7 +157,8 @@ class TextWatchRepairEnv(gym.Env):
 
     def _status(self) -> str:
         left = self.max_turns - self._turn
-        return f"Turn {self._turn + 1} of {self.max_turns}; {left} turn{'s' if left != 1 else ''} left."
+        # the brand closes every observation: the word the decision depends on sits next to the answer
+        return f"Turn {self._turn + 1} of {self.max_turns}; {left} turn{'s' if left != 1 else ''} left. Watch: {BRAND_NAMES[self._brand]}."
 
     def _decide(self, effect: str) -> str:
         self._decision = effect
@@ -173,6 +191,11 @@ class TextWatchRepairEnv(gym.Env):
             return f"Time passes ({n} hours)."
         return f"In transport for {n} hours: {bumps} minor bumps, {drops} drops."
 
+    def _final_return(self) -> float:
+        """The realised return with its deviation from E[G | brand, decision] scaled by noise_scale."""
+        expected = float(self._expected_repair[self._brand]) if self._decision == "repair" else 0.0
+        return expected + self.noise_scale * (self._reward - expected)
+
     def _inspection(self) -> str:
         b, p = self._brand, self.params
         return (
@@ -183,7 +206,7 @@ class TextWatchRepairEnv(gym.Env):
 
     def _outcome(self) -> str:
         if self._decision == "repair":
-            return f"the repaired watch earned {self._reward * self.reward_scale:+.3f}."
+            return f"the repaired watch earned {self._final_return() * self.reward_scale:+.3f}."
         return "the watch was not repaired; nothing earned or lost (+0.000)."
 
     def _info(self, mutating: bool, output: str, effect: str, is_decision: bool) -> dict[str, Any]:
@@ -200,4 +223,7 @@ class TextWatchRepairEnv(gym.Env):
             optimal = (REPAIR if self._decision == "repair" else KEEP) == int(self._optimal[brand])
             info["first_decision_optimal"] = optimal
             info["task_goal_completion"] = float(optimal)
+        elif self._turn >= self.max_turns:  # ended undecided: a failed task, not a missing one
+            info["first_decision_optimal"] = False
+            info["task_goal_completion"] = 0.0
         return info

@@ -99,6 +99,10 @@ def _scalars(log_dir):
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
+LORA_SMALL = ["finetune=lora", "max_new_tokens_per_turn=16", "generation_batch_size=8", "per_device_train_batch_size=8",
+              "one_shot=true"]
+
+
 def _lora_b_norm(adapter_dir):
     from safetensors.torch import load_file
 
@@ -108,8 +112,9 @@ def _lora_b_norm(adapter_dir):
 
 @pytest.mark.slow
 def test_vcbm_loop_trains_logs_and_resumes_to_the_same_metrics(tmp_path):
-    common = ["--algo", "vcbm-loop", "--env", "TextWatchRepair-v0", "--model", "tiny", "--no-progress",
-              "--checkpoint-every", "1"]
+    # the LoRA path (as for a real model) on the untrained tiny model; its random answers still name tools
+    common = ["--algo", "vcbm-loop", "--env", "TextWatchRepair-v0", "--model", "tiny-random", "--no-progress",
+              "--checkpoint-every", "1", "--hyperparams", *LORA_SMALL]
     full = run(common + ["--iterations", "3", "--log-dir", str(tmp_path / "full")])
     assert full["iterations_run"] == 3 and full["memory_size"] > 0
     assert _lora_b_norm(tmp_path / "full" / "adapter") > 0  # LoRA B starts at 0: only gradients move it
@@ -131,12 +136,12 @@ def test_vcbm_loop_trains_logs_and_resumes_to_the_same_metrics(tmp_path):
 
 @pytest.mark.slow
 def test_high_kl_abort_discards_the_iteration(tmp_path):
-    summary = run(["--algo", "loop", "--env", "TextWatchRepair-v0", "--model", "tiny", "--no-progress",
-                   "--iterations", "1", "--log-dir", str(tmp_path), "--hyperparams", "kl_abort=1.0e-12"])
+    summary = run(["--algo", "loop", "--env", "TextWatchRepair-v0", "--model", "tiny-random", "--no-progress",
+                   "--iterations", "1", "--log-dir", str(tmp_path), "--hyperparams", "kl_abort=1.0e-12", *LORA_SMALL])
     # the first epoch moves the weights, the second sees KL > threshold: the iteration is undone
     assert summary["final_iteration_aborted"] == 1.0 and summary["final_aborted_iterations"] == 1.0
     assert summary["final_kl_estimate"] > 1e-12
-    assert summary["lora_weight_change_l2"] == 0.0
+    assert summary["finetune"] == "lora" and summary["trained_weight_change_l2"] == 0.0
     assert _lora_b_norm(tmp_path / "adapter") == 0.0
 
 

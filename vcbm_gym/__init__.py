@@ -15,6 +15,7 @@ _ENVS = {
         vector_entry_point="envs.watch_repair:WatchRepairVectorEnv",
     ),
     "TextWatchRepair-v0": dict(entry_point="envs.text_watch_repair:TextWatchRepairEnv"),
+    "TextWatchWorkshop-v0": dict(entry_point="envs.text_watch_workshop:TextWatchWorkshopEnv"),
     "SetRetrieval-v0": dict(entry_point="envs.set_retrieval:SetRetrievalEnv"),
     "TextSetRetrieval-v0": dict(entry_point="envs.set_retrieval:TextSetRetrievalEnv"),
     "AppWorld-v0": dict(entry_point="envs.appworld.env:AppWorldEnv"),

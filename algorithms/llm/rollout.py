@@ -36,6 +36,7 @@ class Episode:
     state_mutating: list[bool] = field(default_factory=list)
     turn_texts: list[str] = field(default_factory=list)
     effects: list[str | None] = field(default_factory=list)  # EMPO effect per turn (None: none parsable)
+    decision_turns: list[bool] = field(default_factory=list)  # evaluation only: info["is_decision_turn"]
     final_text: str = ""
     episode_return: float = 0.0
     last_info: dict[str, Any] = field(default_factory=dict)
@@ -170,6 +171,7 @@ def play_episodes(
             e.state_mutating.append(bool(info.get("state_mutating", False)))
             e.turn_texts.append(str(info.get("execution_output", obs)))
             e.effects.append(effect_of(text, info))
+            e.decision_turns.append(bool(info.get("is_decision_turn", False)))
             e.last_info = dict(info)
             e.messages += [{"role": "assistant", "content": text}, {"role": "user", "content": str(obs)}]
             e.done = bool(terminated or truncated) or turn == max_turns - 1

@@ -1,10 +1,15 @@
-"""Runner for `--algo loop` and `--algo vcbm-loop` (SPEC section 5).
+"""Runner for `--algo loop`, `--algo vcbm-loop` and `--algo trl-grpo` (the LLM arm).
 
     python -m algorithms.train --algo vcbm-loop --env TextWatchRepair-v0 --model tiny --iterations 3
 
-`--model tiny` builds a tiny random Qwen2 and tokenizer offline (algorithms.llm.tiny); any other
-value is a Hugging Face name or local path loaded with transformers. LoRA (r 8, alpha 16,
-dropout 0 on q, k, v, o, gate, up, down by default) is trained through peft. Checkpoints (adapter,
+`--model tiny` is a tiny Qwen2 built offline and given a short format warm-start (supervised
+tool-call turns that say nothing about which decision is right; algorithms.llm.warm_start), the
+stand-in for an instruct model; `--model tiny-random` is the same model untrained. Any other value
+is a Hugging Face name or local path loaded with transformers. `finetune: auto` trains every
+parameter of the tiny models (LoRA cannot lift their frozen, nearly flat output layer enough to
+express a policy) and LoRA (r 8, alpha 16, dropout 0 on q, k, v, o, gate, up, down by default)
+through peft otherwise. `trl-grpo` is TRL's own GRPOTrainer objective and sequence-level group
+advantage over the same multi-turn episodes: the external baseline. Checkpoints (weights,
 optimizer, scheduler, RNG, episodic memory, counters) go to <log-dir>/checkpoints every
 `--checkpoint-every` iterations; `--resume` continues from the latest one. The per-iteration
 metrics of SPEC section 5 are written to TensorBoard under `loop/`.
@@ -32,6 +37,8 @@ from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.run_context import RunContext
 
 CREDIT_OF_ALGO = {"loop": "loo", "vcbm-loop": "vcbm"}
+TINY_MODELS = ("tiny", "tiny-random")
+FINETUNE_MODES = ("auto", "lora", "full")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # LoopConfig fields always written to config.yml (the other GRPOConfig fields only when set)
 REPORTED = (
@@ -47,6 +54,7 @@ REPORTED = (
 class LoopRunConfig:
     iterations: int = 200
     model: str = "tiny"
+    finetune: str = "auto"  # auto: full for the tiny models, LoRA otherwise
     env_kwargs: dict = field(default_factory=dict)
     lora_r: int = 8
     lora_alpha: int = 16
@@ -71,11 +79,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-length-norm", action="store_true", help="EMPO ablation: unnormalised response ratios")
 
 
-def _loop_config(mapping: dict[str, Any], owner: str):
-    from algorithms.llm.config import LoopConfig
+def _config_class(algo: str):
+    from algorithms.llm.config import LoopConfig, MultiTurnGRPOConfig
 
+    return MultiTurnGRPOConfig if algo == "trl-grpo" else LoopConfig
+
+
+def _loop_config(mapping: dict[str, Any], owner: str, algo: str = "loop"):
     try:
-        return build_dataclasses(mapping, [LoopRunConfig, LoopConfig], owner=owner)
+        run_cfg, cfg = build_dataclasses(mapping, [LoopRunConfig, _config_class(algo)], owner=owner)
+        if run_cfg.finetune not in FINETUNE_MODES:
+            raise ConfigError(f"{owner}: finetune={run_cfg.finetune!r}: expected one of {FINETUNE_MODES}")
+        return run_cfg, cfg
     except ValueError as exc:
         if isinstance(exc, VcbmGymError):
             raise
@@ -86,11 +101,21 @@ def _plain(value: Any) -> Any:
     return value.value if isinstance(value, enum.Enum) else value
 
 
+def _reported(algo: str) -> tuple[str, ...]:
+    if algo != "trl-grpo":
+        return REPORTED
+    from algorithms.llm.config import LoopConfig
+
+    loop_only = {f.name for f in dataclasses.fields(LoopConfig)} - {f.name for f in dataclasses.fields(_config_class(algo))}
+    return tuple(k for k in REPORTED if k not in loop_only) + ("beta", "loss_type", "scale_rewards")
+
+
 def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
     mapping = dict(mapping)
-    credit = mapping.setdefault("credit", CREDIT_OF_ALGO[algo])
-    if credit != CREDIT_OF_ALGO[algo]:
-        raise ConfigError(f"credit={credit!r} for algo {algo!r}: expected {CREDIT_OF_ALGO[algo]!r}")
+    if algo in CREDIT_OF_ALGO:
+        credit = mapping.setdefault("credit", CREDIT_OF_ALGO[algo])
+        if credit != CREDIT_OF_ALGO[algo]:
+            raise ConfigError(f"credit={credit!r} for algo {algo!r}: expected {CREDIT_OF_ALGO[algo]!r}")
     import torch
 
     overrides = mapping.get("cpu_overrides") or {}
@@ -100,9 +125,9 @@ def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
         mapping.update({k: v for k, v in overrides.items() if k != "cpu_overrides"})
     # validated as on this machine; run() sets the real output_dir (<log-dir>/checkpoints) and device
     checked = {"output_dir": "unused", "use_cpu": not torch.cuda.is_available(), **mapping}
-    run_cfg, loop_cfg = _loop_config(checked, f"algo {algo!r}")
+    run_cfg, loop_cfg = _loop_config(checked, f"algo {algo!r}", algo)
     out = as_plain_dict(run_cfg)
-    for name in list(REPORTED) + [k for k in mapping if k not in out]:
+    for name in list(_reported(algo)) + [k for k in mapping if k not in out]:
         out[name] = _plain(getattr(loop_cfg, name))
     return out
 
@@ -125,6 +150,10 @@ def _apply_flags(hp: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
 
 def _model_and_tokenizer(name: str, seed: int, bf16: bool):
     if name == "tiny":
+        from algorithms.llm.warm_start import warm_started_tiny
+
+        return warm_started_tiny()
+    if name == "tiny-random":
         from algorithms.llm.tiny import build_tiny
 
         return build_tiny(seed)
@@ -150,17 +179,15 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from torch.utils.tensorboard import SummaryWriter
     from transformers.trainer_utils import get_last_checkpoint
 
-    from algorithms.llm.trainer import LoopTrainer
+    from algorithms.llm.trainer import LoopTrainer, MultiTurnGRPOTrainer
 
     hp = _apply_flags(ctx.hyperparams, ctx.args)
     log_dir = Path(ctx.log_dir)
     ckpt_dir = log_dir / "checkpoints"
     run_keys = {f.name for f in dataclasses.fields(LoopRunConfig)}
-    run_cfg, _ = _loop_config({k: v for k, v in hp.items() if k in run_keys}, f"algo {ctx.algo!r}")
+    run_cfg, _ = _loop_config({k: v for k, v in hp.items() if k in run_keys}, f"algo {ctx.algo!r}", ctx.algo)
     loop_kwargs = {k: v for k, v in hp.items() if k not in run_keys}
-    from algorithms.llm.config import LoopConfig
-
-    per_iteration = loop_kwargs.get("num_iterations", LoopConfig.num_iterations)
+    per_iteration = loop_kwargs.get("num_iterations", _config_class(ctx.algo).num_iterations)
     loop_kwargs.update(
         output_dir=str(ckpt_dir),
         seed=ctx.seed,
@@ -171,9 +198,10 @@ def run(ctx: RunContext) -> dict[str, Any]:
         disable_tqdm=not ctx.progress,
         use_cpu=not torch.cuda.is_available(),
     )
-    _, cfg = _loop_config(loop_kwargs, f"algo {ctx.algo!r}")
+    _, cfg = _loop_config(loop_kwargs, f"algo {ctx.algo!r}", ctx.algo)
     (log_dir / "loop_config.yml").write_text(yaml.safe_dump({**as_plain_dict(run_cfg), **{
-        k: _plain(getattr(cfg, k)) for k in REPORTED + ("use_vllm", "max_steps", "save_steps", "seed")}}, sort_keys=False))
+        k: _plain(getattr(cfg, k)) for k in _reported(ctx.algo) + ("use_vllm", "max_steps", "save_steps", "seed")}},
+        sort_keys=False))
 
     previous_threads = torch.get_num_threads()
     if run_cfg.torch_threads > 0:
@@ -182,12 +210,14 @@ def run(ctx: RunContext) -> dict[str, Any]:
     model, tokenizer = _model_and_tokenizer(run_cfg.model, ctx.seed, bool(cfg.bf16))
     task_seeds = np.random.default_rng(ctx.seed).integers(0, 2**31 - 1, size=run_cfg.n_tasks)
     dataset = Dataset.from_dict({"prompt": [str(int(s)) for s in task_seeds]})
-    peft_config = LoraConfig(
+    full = run_cfg.finetune == "full" or (run_cfg.finetune == "auto" and run_cfg.model in TINY_MODELS)
+    peft_config = None if full else LoraConfig(
         r=run_cfg.lora_r, lora_alpha=run_cfg.lora_alpha, lora_dropout=run_cfg.lora_dropout,
         target_modules=list(run_cfg.lora_target_modules), task_type="CAUSAL_LM",
     )
     writer = SummaryWriter(str(log_dir))
-    trainer = LoopTrainer(
+    trainer_class = MultiTurnGRPOTrainer if ctx.algo == "trl-grpo" else LoopTrainer
+    trainer = trainer_class(
         model=model, args=cfg, train_dataset=dataset, processing_class=tokenizer, env_id=ctx.env_id,
         env_kwargs=run_cfg.env_kwargs, peft_config=peft_config, writer=writer,
     )
@@ -195,22 +225,25 @@ def run(ctx: RunContext) -> dict[str, Any]:
     checkpoint = get_last_checkpoint(str(ckpt_dir)) if getattr(ctx.args, "resume", False) and ckpt_dir.is_dir() else None
     if getattr(ctx.args, "resume", False) and checkpoint is None:
         raise VcbmGymError(f"--resume: no checkpoint in {str(ckpt_dir)!r}; expected a run started with --checkpoint-every")
-    if checkpoint is not None:
+    if checkpoint is not None and hasattr(trainer, "load_loop_checkpoint"):
         trainer.load_loop_checkpoint(checkpoint)
     try:
         trainer.train(resume_from_checkpoint=checkpoint)
     finally:
         writer.close()
         torch.set_num_threads(previous_threads)
-    trainer.save_model(str(log_dir / "adapter"))
+    trainer.save_model(str(log_dir / ("model" if full else "adapter")))
     delta = sum(float((p.detach() - initial[n]).pow(2).sum()) for n, p in trainer.model.named_parameters() if n in initial)
     final = trainer.history[-1] if trainer.history else {}
+    memory = getattr(trainer, "credit_rule", None)
     return {
         "iterations_run": len(trainer.history),
         "resumed_from": checkpoint,
-        "lora_weight_change_l2": delta**0.5,
-        "memory_size": len(trainer.credit_rule.memory),
+        "finetune": "full" if full else "lora",
+        "trained_weight_change_l2": delta**0.5,
+        "memory_size": len(memory.memory) if memory is not None else 0,
         **{f"final_{k}": v for k, v in final.items() if k not in ("iteration_time_s", "rollout_time_s", "credit_time_s")},
         "mean_iteration_time_s": float(np.mean([h["iteration_time_s"] for h in trainer.history])) if trainer.history else None,
-        "mean_credit_time_s": float(np.mean([h["credit_time_s"] for h in trainer.history])) if trainer.history else None,
+        "mean_credit_time_s": float(np.mean([h.get("credit_time_s", 0.0) for h in trainer.history]))
+        if trainer.history else None,
     }

@@ -1,13 +1,16 @@
 """A tiny random Qwen2 model and a word-level tokenizer, built offline and deterministically.
 
-For tests and laptops: no download, a few hundred thousand parameters, a LoRA step well under a
-second on a CPU. The tokenizer is trained by the `tokenizers` library on the project's own prompt
-and environment texts, so the random policy samples real words, tool names among them, and a
-text environment sees well-formed (if aimless) actions from the first iteration.
+For tests and laptops: no download, a few hundred thousand parameters, a training step well under
+a second on a CPU. The tokenizer is trained by the `tokenizers` library on the project's own
+prompt texts and on texts that the embedded text environments print when played at random, so
+every tool name and observation word is one token. `algorithms.llm.warm_start` turns this random
+model into the stand-in for an instruct model (`--model tiny`); `--model tiny-random` is the
+model as built here.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -33,13 +36,36 @@ _CORPUS = (
 )
 
 
+def _played_texts(episodes_per_env: int = 40) -> list[str]:
+    """Observations of the embedded text envs under random tool calls (a fixed seed)."""
+    import gymnasium as gym
+
+    import vcbm_gym  # noqa: F401  (registers the envs)
+    from envs.text_watch_workshop import TOOL_NAMES
+
+    texts, rng = [], np.random.default_rng(0)
+    tools = sorted(set(TOOL_NAMES) | {"inspect", "wait"})
+    for env_id in ("TextWatchRepair-v0", "TextWatchWorkshop-v0"):
+        env = gym.make(env_id)
+        for episode in range(episodes_per_env):
+            obs, _ = env.reset(seed=episode)
+            texts.append(obs)
+            done = False
+            while not done:
+                obs, _, terminated, truncated, _ = env.step(f"{rng.choice(tools)}()")
+                texts.append(obs)
+                done = terminated or truncated
+    return texts
+
+
 def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """Word-level tokenizer over the corpus above, with ChatML special tokens and template."""
+    """Word-level tokenizer over the corpus above and the played env texts, ChatML tokens and template."""
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     trainer = trainers.WordLevelTrainer(special_tokens=list(SPECIAL_TOKENS), min_frequency=1)
-    tok.train_from_iterator(sorted(set(" ".join(_CORPUS).split())) + list(_CORPUS), trainer=trainer)
+    corpus = list(_CORPUS) + _played_texts()
+    tok.train_from_iterator(sorted(set(" ".join(corpus).split())) + corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

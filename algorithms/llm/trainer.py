@@ -1,6 +1,11 @@
-"""LoopTrainer: LOOP and VCBM-blended LOOP on TRL's GRPOTrainer (paper 000 Sec. II-C, IV-B; SPEC 5).
+"""LOOP and VCBM-blended LOOP on TRL's GRPOTrainer (paper 000 Sec. II-C, IV-B).
 
-What changes against GRPOTrainer, in reading order:
+Two trainers:
+
+- `MultiTurnGRPOTrainer` plays whole episodes of a Gymnasium text env as TRL rollouts and logs
+  per-iteration metrics; advantages and loss are TRL's own GRPO (`--algo trl-grpo`, the external
+  baseline: one group-normalised advantage per sequence).
+- `LoopTrainer` (`--algo loop`, `--algo vcbm-loop`) changes, in reading order:
 
 1. `rollout_func` (`_rollout`) plays K whole episodes per task of a Gymnasium text env; each
    episode is one sequence, environment tokens masked (algorithms.llm.rollout).
@@ -15,9 +20,11 @@ What changes against GRPOTrainer, in reading order:
 4. `_get_grad_norm` counts outlier-gradient events; `_save_checkpoint` adds the episodic
    memory and the loop's counters to TRL's checkpoints (adapter, optimizer, RNG).
 
-KL estimate: per rollout, the sum over its generated tokens of the k3 estimator
-exp(d) - d - 1 with d = logp_old - logp_new (nats per rollout), averaged over the micro-batch's
-rollouts; the iteration's estimate is the largest over its micro-batches.
+KL estimate (`kl_old_new`): KL(pi_old || pi_theta) per rollout, the sum over its generated tokens
+of the k3 estimator r - 1 - log r with r = pi_theta / pi_old = exp(-d), d = logp_old - logp_new.
+The tokens were sampled from pi_old, under which this estimator is unbiased for KL(pi_old || pi_theta)
+and never negative. Averaged over the micro-batch's rollouts; the iteration's estimate is the
+largest over its micro-batches.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from algorithms.common.errors import ConfigError
 from algorithms.llm.config import LoopConfig
 from algorithms.llm.rollout import Episode, hf_generate, play_episodes
 from algorithms.registry import load_object
@@ -46,6 +54,23 @@ from vcbm_gym.credit.vcbm_blend import VCBMBlendRule, blend
 
 MEMORY_FILE = "vcbm_memory.npz"
 LOOP_STATE_FILE = "loop_state.json"
+
+
+def kl_old_new(logp_old: torch.Tensor, logp_new: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-rollout KL(pi_old || pi_theta) from tokens sampled under pi_old: sum_t (r_t - 1 - log r_t) * mask_t.
+
+    r_t = exp(logp_new - logp_old) is the importance ratio; E_old[r] = 1 and E_old[-log r] is the KL,
+    so the k3 estimator is unbiased for this direction (and each term is >= 0).
+    """
+    log_r = (logp_new - logp_old) * mask
+    return ((torch.exp(log_r) - 1.0 - log_r) * mask).sum(-1)
+
+
+def decision_advantage_mass(advantages: np.ndarray, mask: np.ndarray, decision: np.ndarray) -> float:
+    """Share of the batch's |advantage| mass on the tokens of deciding turns (an evaluation metric)."""
+    weight = np.abs(advantages) * mask
+    total = weight.sum()
+    return float((weight * decision).sum() / total) if total > 0 else 0.0
 
 
 def episode_return_reward(prompts, completions, episode_return, **kwargs) -> list[float]:
@@ -89,7 +114,7 @@ def context_keys(episodes: list[Episode]) -> list[list[str]]:
 
 
 class _IterationEnd(TrainerCallback):
-    def __init__(self, trainer: LoopTrainer) -> None:
+    def __init__(self, trainer: MultiTurnGRPOTrainer) -> None:
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -97,13 +122,18 @@ class _IterationEnd(TrainerCallback):
             self.trainer._end_iteration()
 
 
-class LoopTrainer(GRPOTrainer):
-    """GRPOTrainer with LOOP's per-token LOO / VCBM-blend advantages over multi-turn text episodes."""
+class MultiTurnGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer over whole episodes of a Gymnasium text env, with per-iteration metrics.
+
+    Advantages and loss are TRL's own; this class only supplies rollouts (`rollout_func`) and
+    records, per iteration: return, task goal completion (for the embedded text envs: the optimal
+    decision rate), invalid-turn rate, the share of advantage mass on deciding turns, tokens.
+    """
 
     def __init__(
         self,
         model,
-        args: LoopConfig,
+        args,
         train_dataset,
         processing_class,
         env_id: str,
@@ -113,20 +143,12 @@ class LoopTrainer(GRPOTrainer):
     ) -> None:
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self._env_pool: list[gym.Env] = []
-        self.credit_rule = VCBMBlendRule(
-            beta=args.vcbm_beta, tau=args.vcbm_tau, top_k=args.vcbm_top_k, alpha=args.vcbm_alpha,
-            dim=args.vcbm_embed_dim, memory_capacity=args.memory_capacity, few_bookmarks=args.vcbm_few_bookmarks,
-        )
+        check_turn_limits(args.max_turns, self._envs(1)[0], env_id)
         self.writer = writer
         self._episodes: list[Episode] = []
         self._iter_stats: dict[str, Any] = defaultdict(float)
-        self._grad_norms: deque[float] = deque(maxlen=args.outlier_grad_window)
-        self.outlier_grad_events = 0
-        self.aborted_iterations = 0
-        self._aborted = False
-        self._snapshot: dict[str, Any] | None = None
+        self._iter_start = time.perf_counter()
         self.history: list[dict[str, float]] = []
-        self._empo_rng = np.random.default_rng(args.seed)
         self._system_prompt = load_object(args.system_prompt)(args.one_shot) if args.system_prompt else None
         super().__init__(
             model=model,
@@ -139,7 +161,7 @@ class LoopTrainer(GRPOTrainer):
         )
         self.add_callback(_IterationEnd(self))
 
-    # --- 1. rollouts ---------------------------------------------------------------------------
+    # --- rollouts ------------------------------------------------------------------------------
     def _envs(self, n: int) -> list[gym.Env]:
         while len(self._env_pool) < n:
             self._env_pool.append(gym.make(self.env_id, **self.env_kwargs))
@@ -180,10 +202,130 @@ class LoopTrainer(GRPOTrainer):
             "episode_return": [e.episode_return for e in episodes],
         }
 
-    # --- 2. per-token advantages ---------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
         self._begin_iteration()
         output = super()._generate_and_score_completions(inputs)
+        self._record_rollouts(self._episodes, output)
+        return output
+
+    # --- iteration bookkeeping ---------------------------------------------------------------
+    def _begin_iteration(self) -> None:
+        if not self.model.training:
+            return
+        self._iter_stats = defaultdict(float)
+        self._iter_start = time.perf_counter()
+
+    def _record_rollouts(self, episodes: list[Episode], output: dict[str, Any]) -> None:
+        s = self._iter_stats
+        s["mean_return"] = float(np.mean([e.episode_return for e in episodes]))
+        s["mean_output_tokens"] = float(np.mean([e.n_generated for e in episodes]))
+        turns = [x for e in episodes for x in e.effects]
+        s["invalid_turn_rate"] = float(np.mean([x == "invalid" for x in turns])) if turns else 0.0
+        # advantage mass on deciding turns (evaluation-only `is_decision_turn`), as the loss sees it
+        width = output["completion_ids"].shape[1]
+        batch = episode_batch(episodes, width)
+        decision = np.zeros((len(episodes), width), bool)
+        for b, e in enumerate(episodes):
+            for t, flag in enumerate(e.decision_turns):
+                if flag:
+                    decision[b] |= batch.step_turn[b] == t
+        advantages = output["advantages"].detach().float().cpu().numpy()
+        if advantages.ndim == 1:
+            advantages = advantages[:, None] * batch.mask
+        s["decision_advantage_mass"] = decision_advantage_mass(advantages, batch.mask, decision)
+        s["decision_token_share"] = float((decision * batch.mask).sum() / max(batch.mask.sum(), 1))
+        s.update(task_goal_completion([e.last_info for e in episodes]))
+
+    def _iteration_metrics(self) -> dict[str, float]:
+        s = self._iter_stats
+        metrics = {
+            "mean_return": s["mean_return"],
+            "mean_output_tokens": s["mean_output_tokens"],
+            "return_per_1k_tokens": s["mean_return"] / (s["mean_output_tokens"] / 1000.0) if s["mean_output_tokens"] else 0.0,
+            "invalid_turn_rate": s["invalid_turn_rate"],
+            "decision_advantage_mass": s["decision_advantage_mass"],
+            "decision_token_share": s["decision_token_share"],
+            "iteration_time_s": time.perf_counter() - self._iter_start,
+            "rollout_time_s": s["rollout_time_s"],
+        }
+        for key in ("task_goal_completion", "empo_cell_coverage", "max_sampling_logprob_diff"):
+            if key in s:
+                metrics[key] = s[key]
+        metrics.update({k: v for k, v in s.items() if k.startswith("task_goal_completion/")})
+        return metrics
+
+    def _end_iteration(self) -> None:
+        iteration = self.state.global_step // self.args.optimizer_steps_per_iteration
+        metrics = self._iteration_metrics()
+        self.history.append({"iteration": iteration, **metrics})
+        if self.writer is not None and self.accelerator.is_main_process:
+            for key, value in metrics.items():
+                self.writer.add_scalar(f"loop/{key}", value, iteration)
+            self.writer.flush()
+
+
+def task_goal_completion(last_infos: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean task goal completion of a batch of episodes, overall and per difficulty level.
+
+    From each episode's last `info`: `task_goal_completion`, else AppWorld's `success`. Once any
+    episode of the batch reports one, an episode that does not (cut short, never decided) counts
+    as a failure (0), so completion is never measured on the finished episodes alone. Empty when
+    the env reports neither.
+    """
+    if not any("task_goal_completion" in i or "success" in i for i in last_infos):
+        return {}
+    values = [float(i.get("task_goal_completion", i.get("success", 0.0))) for i in last_infos]
+    out = {"task_goal_completion": float(np.mean(values))}
+    by_level: dict[Any, list[float]] = defaultdict(list)
+    for info, v in zip(last_infos, values):
+        if info.get("difficulty") is not None:
+            by_level[info["difficulty"]].append(v)
+    out.update({f"task_goal_completion/difficulty_{k}": float(np.mean(v)) for k, v in by_level.items()})
+    return out
+
+
+def check_turn_limits(trainer_max_turns: int, env: gym.Env, env_id: str) -> None:
+    """Refuse a trainer turn limit below the env's: every episode would be cut before its reward."""
+    core = env.unwrapped
+    env_turns = getattr(core, "max_turns", getattr(core, "max_interactions", None))
+    if env_turns is not None and trainer_max_turns < int(env_turns):
+        raise ConfigError(
+            f"max_turns={trainer_max_turns} is below {env_id}'s own turn limit ({int(env_turns)}): every episode would "
+            f"end before its reward; expected max_turns >= {int(env_turns)} (set env_kwargs to change the env's)"
+        )
+
+
+class LoopTrainer(MultiTurnGRPOTrainer):
+    """MultiTurnGRPOTrainer with LOOP's per-token LOO / VCBM-blend advantages and PPO-clip loss."""
+
+    def __init__(
+        self,
+        model,
+        args: LoopConfig,
+        train_dataset,
+        processing_class,
+        env_id: str,
+        env_kwargs: dict[str, Any] | None = None,
+        peft_config=None,
+        writer=None,
+    ) -> None:
+        self.credit_rule = VCBMBlendRule(
+            beta=args.vcbm_beta, tau=args.vcbm_tau, top_k=args.vcbm_top_k, alpha=args.vcbm_alpha,
+            dim=args.vcbm_embed_dim, memory_capacity=args.memory_capacity, few_bookmarks=args.vcbm_few_bookmarks,
+        )
+        self._pending_memory: EpisodeBatch | None = None
+        self._grad_norms: deque[float] = deque(maxlen=args.outlier_grad_window)
+        self.outlier_grad_events = 0
+        self.aborted_iterations = 0
+        self._aborted = False
+        self._snapshot: dict[str, Any] | None = None
+        self._empo_rng = np.random.default_rng(args.seed)
+        super().__init__(model, args, train_dataset, processing_class, env_id, env_kwargs, peft_config, writer)
+
+    # --- per-token advantages ----------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs):
+        self._begin_iteration()
+        output = GRPOTrainer._generate_and_score_completions(self, inputs)
         episodes = self._episodes
         start = time.perf_counter()
         batch = episode_batch(episodes, output["completion_ids"].shape[1])
@@ -194,7 +336,7 @@ class LoopTrainer(GRPOTrainer):
         output["turn_ids"] = torch.as_tensor(batch.step_turn, device=device)
         if self.args.ratio_sharing != "none":
             output["cell_ids"] = torch.as_tensor(self._cells(episodes), device=device)
-        self._record_rollouts(episodes)
+        self._record_rollouts(episodes, output)
         sampled, old = output.get("sampling_per_token_logps"), output.get("old_per_token_logps")
         if sampled is not None and old is not None:  # rollout engine vs trainer, on the generated tokens
             on = (output["completion_mask"] * output.get("tool_mask", 1)).bool() & ~torch.isnan(sampled)
@@ -203,7 +345,11 @@ class LoopTrainer(GRPOTrainer):
         return output
 
     def token_advantages(self, batch: EpisodeBatch) -> np.ndarray:
-        """(B, T) advantages: Eq. 6 LOO over all processes' rollouts, blended per token (Eq. 14)."""
+        """(B, T) advantages: Eq. 6 LOO over all processes' rollouts, blended per token (Eq. 14).
+
+        The batch's bookmarks enter the episodic memory at the end of the iteration, and only if
+        the iteration is kept (an aborted iteration's rollouts are dropped).
+        """
         returns = torch.as_tensor(batch.returns, dtype=torch.float64, device=self.accelerator.device)
         groups = torch.as_tensor(batch.group_ids, device=self.accelerator.device)
         all_returns = self.accelerator.gather(returns).cpu().numpy()
@@ -212,7 +358,7 @@ class LoopTrainer(GRPOTrainer):
         loo = loo_advantages(all_returns, all_groups)[start : start + batch.batch_size]
         if self.args.credit == "loo":
             return batch.broadcast(loo)
-        self.credit_rule.observe(batch)
+        self._pending_memory = batch
         weights = self.credit_rule.token_weights(batch)
         return np.where(batch.mask, blend(loo, weights, self.args.vcbm_beta), 0.0)
 
@@ -228,7 +374,7 @@ class LoopTrainer(GRPOTrainer):
         self._iter_stats["empo_cell_coverage"] = cell_coverage(cells, valid)
         return cells
 
-    # --- 3. the loss ---------------------------------------------------------------------------
+    # --- the loss ----------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
@@ -251,9 +397,9 @@ class LoopTrainer(GRPOTrainer):
         loss = (per_token * mask).sum() / normalizer
 
         with torch.no_grad():
-            diff = (old - logps.detach()) * mask
-            kl = ((torch.exp(diff) - diff - 1) * mask).sum(-1).mean()
+            kl = kl_old_new(old, logps.detach(), mask).mean()
             kl = self.accelerator.gather(kl.reshape(1)).max().item()
+            diff = (old - logps.detach()) * mask
             on = mask.bool()
             if on.any():
                 self._iter_stats["max_importance_weight"] = max(
@@ -274,16 +420,16 @@ class LoopTrainer(GRPOTrainer):
 
         return shared_ratios(logps, old, mask, inputs["turn_ids"], inputs["cell_ids"], length_norm=self.args.length_norm)
 
-    # --- 4. iteration bookkeeping, outliers, checkpoints ---------------------------------------
+    # --- iteration bookkeeping, outliers, checkpoints ----------------------------------------
     def _trainable(self) -> dict[str, torch.nn.Parameter]:
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
 
     def _begin_iteration(self) -> None:
         if not self.model.training:
             return
+        super()._begin_iteration()
         self._aborted = False
-        self._iter_stats = defaultdict(float)
-        self._iter_start = time.perf_counter()
+        self._pending_memory = None
         self._snapshot = {
             "params": {n: p.detach().clone() for n, p in self._trainable().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None,
@@ -298,6 +444,20 @@ class LoopTrainer(GRPOTrainer):
             self._grad_norms.append(value)
         return norm
 
+    def _iteration_metrics(self) -> dict[str, float]:
+        s = self._iter_stats
+        return {
+            **super()._iteration_metrics(),
+            "kl_estimate": s["kl_estimate"],
+            "max_importance_weight": s["max_importance_weight"],
+            "max_logprob_diff": s["max_logprob_diff"],
+            "outlier_gradient_events": float(self.outlier_grad_events),
+            "iteration_aborted": float(self._aborted),
+            "aborted_iterations": float(self.aborted_iterations),
+            "credit_time_s": s["credit_time_s"],
+            "memory_size": float(len(self.credit_rule.memory)),
+        }
+
     def _end_iteration(self) -> None:
         if self._aborted and self._snapshot is not None:
             with torch.no_grad():
@@ -306,48 +466,10 @@ class LoopTrainer(GRPOTrainer):
             if self._snapshot["optimizer"] is not None:
                 self.optimizer.load_state_dict(self._snapshot["optimizer"])
             self.aborted_iterations += 1
-        s = self._iter_stats
-        iteration = self.state.global_step // self.args.optimizer_steps_per_iteration
-        metrics = {
-            "mean_return": s["mean_return"],
-            "kl_estimate": s["kl_estimate"],
-            "max_importance_weight": s["max_importance_weight"],
-            "max_logprob_diff": s["max_logprob_diff"],
-            "outlier_gradient_events": float(self.outlier_grad_events),
-            "mean_output_tokens": s["mean_output_tokens"],
-            "return_per_1k_tokens": s["mean_return"] / (s["mean_output_tokens"] / 1000.0) if s["mean_output_tokens"] else 0.0,
-            "iteration_aborted": float(self._aborted),
-            "aborted_iterations": float(self.aborted_iterations),
-            "iteration_time_s": time.perf_counter() - self._iter_start,
-            "rollout_time_s": s["rollout_time_s"],
-            "credit_time_s": s["credit_time_s"],
-            "memory_size": float(len(self.credit_rule.memory)),
-        }
-        for key in ("task_goal_completion", "empo_cell_coverage", "max_sampling_logprob_diff"):
-            if key in s:
-                metrics[key] = s[key]
-        metrics.update({k: v for k, v in s.items() if k.startswith("task_goal_completion/")})
-        self.history.append({"iteration": iteration, **metrics})
-        if self.writer is not None and self.accelerator.is_main_process:
-            for key, value in metrics.items():
-                self.writer.add_scalar(f"loop/{key}", value, iteration)
-            self.writer.flush()
-
-    def _record_rollouts(self, episodes: list[Episode]) -> None:
-        s = self._iter_stats
-        s["mean_return"] = float(np.mean([e.episode_return for e in episodes]))
-        s["mean_output_tokens"] = float(np.mean([e.n_generated for e in episodes]))
-        # task goal completion: the env's `task_goal_completion`, else AppWorld's `success`
-        tgc = [(e.last_info.get("difficulty"), float(e.last_info.get("task_goal_completion", e.last_info.get("success"))))
-               for e in episodes if "task_goal_completion" in e.last_info or "success" in e.last_info]
-        if tgc:
-            s["task_goal_completion"] = float(np.mean([v for _, v in tgc]))
-            by_level: dict[Any, list[float]] = defaultdict(list)
-            for level, v in tgc:
-                if level is not None:
-                    by_level[level].append(v)
-            for level, values in by_level.items():
-                s[f"task_goal_completion/difficulty_{level}"] = float(np.mean(values))
+        elif self._pending_memory is not None:
+            self.credit_rule.observe(self._pending_memory)
+        self._pending_memory = None
+        super()._end_iteration()
 
     def loop_state_dict(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,192 @@
+"""Format warm-start: the tiny model's stand-in for an instruct model (`--model tiny`).
+
+Real LLM RL starts from an instruct model that already answers in the tool-call format; the RL
+stage only has to learn *which* call to make. A randomly initialised tiny model answers with
+random words, so most turns are invalid and the little that RL learns is about format. This
+module gives the tiny model that starting point: a short supervised stage (TRL's `SFTTrainer`) on
+well-formed tool-call turns of the embedded text environments, played by a random policy that
+picks each valid tool equally often (repair and skip 50/50 whatever the brand). The data thus
+teach the format and *carry no information about which decision is right*: after warm-start the
+model repairs each brand about as often as it skips, and RL must learn the rest.
+
+Answers are one line, `Action: <subject> <tool>()`: what the call acts on (the watch's brand, or
+the workshop station), copied from the observation, then the call. It is the shortest ReAct turn
+that restates the object of the decision, which a model of this size needs: with the brand one
+token before the call, a brand-dependent choice is a direct path through the network instead of
+an attention pattern over a hundred tokens of prompt that RL would first have to discover (with
+a bare `Action: tool()` the tiny model learned "repair every brand" and never the brand). It also
+keeps CPU rollouts fast. The data (a few thousand turns) are built offline in about a second; the
+trained model is cached under `$VCBM_GYM_CACHE` (default `~/.cache/vcbm_gym`) in a folder named
+by the hash of the data, the model's config and the training settings, written atomically, so a
+changed env text, tokenizer or setting builds a new one and never reuses a stale one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from algorithms.llm.prompting import initial_messages
+
+WARM_START_ENVS = ("TextWatchRepair-v0", "TextWatchWorkshop-v0")
+MARKER = "warm_start.json"
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    episodes_per_env: int = 160  # random-policy episodes of each env in WARM_START_ENVS
+    max_steps: int = 300  # SFT optimizer steps
+    batch_size: int = 16
+    learning_rate: float = 3e-3
+    model_seed: int = 0  # the random initialisation before SFT (one "instruct model" for all runs)
+    data_seed: int = 0
+
+
+TINY_SYSTEM_PROMPT = "You act in a text environment. Answer each observation with one tool call: Action: <subject> <tool>()"
+
+
+def tiny_system_prompt(one_shot: bool = False) -> str:
+    """The system prompt of the tiny models (`system_prompt: algorithms.llm.warm_start:tiny_system_prompt`).
+
+    One line instead of the generic ReAct prompt: a model this small does not read instructions,
+    and every prompt token dilutes the attention that its decision has to pay to the brand.
+    """
+    return TINY_SYSTEM_PROMPT
+
+
+def format_answer(subject: str, tool: str) -> str:
+    return f"Action: {subject} {tool}()"
+
+
+def _valid_calls(env_id: str, env, decided: bool) -> tuple[str, list[str]]:
+    """(subject, well-formed calls) at this point of an episode."""
+    from envs.text_watch_repair import BRAND_NAMES
+
+    core = env.unwrapped
+    brand = BRAND_NAMES[core._brand]
+    if env_id == "TextWatchWorkshop-v0":
+        from envs.text_watch_workshop import COSMETIC_TOOLS, MOVEMENT, MOVEMENT_TOOLS
+
+        station = core._stations[core._turn]
+        return (brand, list(MOVEMENT_TOOLS)) if station == MOVEMENT else (station, list(COSMETIC_TOOLS))
+    return brand, (["inspect", "wait"] if decided else ["repair", "skip", "inspect", "wait"])
+
+
+def warm_start_examples(cfg: WarmStartConfig = WarmStartConfig()) -> list[dict[str, Any]]:
+    """Conversational prompt/completion pairs, one per turn of random well-formed episodes.
+
+    TextWatchRepair: before the decision, repair() and skip() are each drawn with probability
+    1/4, inspect() and wait() with 1/4 each; after it, inspect() or wait(). Workshop: either tool
+    of the station, 50/50. No choice depends on the brand.
+    """
+    import gymnasium as gym
+
+    import vcbm_gym  # noqa: F401
+
+    rng = np.random.default_rng(cfg.data_seed)
+    examples = []
+    for env_id in WARM_START_ENVS:
+        env = gym.make(env_id)
+        for episode in range(cfg.episodes_per_env):
+            obs, _ = env.reset(seed=10_000 + episode)
+            messages = initial_messages(str(obs), system_prompt=tiny_system_prompt())
+            decided, done = False, False
+            while not done:
+                subject, calls = _valid_calls(env_id, env, decided)
+                answer = {"role": "assistant", "content": format_answer(subject, str(rng.choice(calls)))}
+                examples.append({"prompt": [dict(m) for m in messages], "completion": [answer]})
+                obs, _, terminated, truncated, info = env.step(answer["content"])
+                decided = decided or bool(info.get("is_decision_turn"))
+                messages += [answer, {"role": "user", "content": str(obs)}]
+                done = terminated or truncated
+    return examples
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("VCBM_GYM_CACHE", Path.home() / ".cache" / "vcbm_gym"))
+
+
+def warm_start_key(cfg: WarmStartConfig, examples: list[dict[str, Any]], model_config: dict, vocab: dict) -> str:
+    digest = hashlib.sha256()
+    for part in (dataclasses.asdict(cfg), examples, model_config, sorted(vocab.items())):
+        digest.update(json.dumps(part, sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+def _train(model, tokenizer, examples: list[dict[str, Any]], cfg: WarmStartConfig, out_dir: str) -> float:
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    args = SFTConfig(
+        output_dir=out_dir,
+        max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.batch_size,
+        learning_rate=cfg.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=10,
+        weight_decay=0.0,
+        logging_steps=cfg.max_steps,
+        save_strategy="no",
+        report_to="none",
+        seed=cfg.model_seed,
+        data_seed=cfg.data_seed,
+        use_cpu=True,
+        bf16=False,
+        disable_tqdm=True,
+        completion_only_loss=True,
+        max_length=None,
+        dataloader_num_workers=0,
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples), processing_class=tokenizer)
+    result = trainer.train()
+    return float(result.training_loss)
+
+
+def warm_started_tiny(cfg: WarmStartConfig = WarmStartConfig(), cache_dir: str | Path | None = None):
+    """The warm-started tiny model and its tokenizer, from the cache or built (and cached) now."""
+    import torch
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from algorithms.llm.tiny import build_tiny
+
+    model, tokenizer = build_tiny(cfg.model_seed)
+    examples = warm_start_examples(cfg)
+    key = warm_start_key(cfg, examples, model.config.to_dict(), tokenizer.get_vocab())
+    root = Path(cache_dir) if cache_dir is not None else _cache_root()
+    folder = root / "tiny_warm_start" / key
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one process builds; the others wait and then load
+        if not (folder / MARKER).is_file():
+            staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=folder.parent))
+            try:
+                previous = torch.get_num_threads()
+                with contextlib.redirect_stdout(open(os.devnull, "w")):
+                    loss = _train(model, tokenizer, examples, cfg, str(staging / "trainer"))
+                torch.set_num_threads(previous)
+                shutil.rmtree(staging / "trainer", ignore_errors=True)
+                model.save_pretrained(staging)
+                tokenizer.save_pretrained(staging)
+                (staging / MARKER).write_text(json.dumps({"config": dataclasses.asdict(cfg), "examples": len(examples),
+                                                          "final_sft_loss": loss}))
+                if folder.exists():  # an incomplete earlier attempt (no marker)
+                    shutil.rmtree(folder)
+                os.rename(staging, folder)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer

@@ -1,0 +1,80 @@
+"""Silent faults of the LLM arm: KL direction, completion of undecided episodes, turn limits, memory."""
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("trl")
+
+from algorithms.common.errors import ConfigError  # noqa: E402
+from algorithms.llm.trainer import decision_advantage_mass, kl_old_new, task_goal_completion  # noqa: E402
+from algorithms.train import run  # noqa: E402
+
+SMALL = ["generation_batch_size=4", "num_generations=2", "per_device_train_batch_size=4", "max_new_tokens_per_turn=4"]
+
+
+def test_kl_estimate_is_unbiased_for_kl_old_to_new_on_samples_from_old():
+    p_old = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05], dtype=torch.float64)
+    p_new = torch.tensor([0.1, 0.3, 0.2, 0.25, 0.15], dtype=torch.float64)
+    # one token per row: the estimate for every outcome x, weighted by its probability under pi_old
+    per_outcome = kl_old_new(p_old.log()[:, None], p_new.log()[:, None], torch.ones(5, 1, dtype=torch.float64))
+    expectation = float((p_old * per_outcome).sum())
+    exact = float((p_old * (p_old / p_new).log()).sum())
+    assert expectation == pytest.approx(exact, rel=1e-12)
+    assert torch.all(per_outcome >= 0)
+    # the former estimator, exp(d) - d - 1 with d = logp_old - logp_new, is off by far more here
+    d = p_old.log() - p_new.log()
+    former = float((p_old * (torch.exp(d) - d - 1)).sum())
+    assert abs(former - exact) > 0.5
+    # masked tokens contribute nothing; rows sum over their tokens
+    two = kl_old_new(p_old.log()[None, :2], p_new.log()[None, :2], torch.tensor([[1.0, 0.0]], dtype=torch.float64))
+    assert float(two) == pytest.approx(float(per_outcome[0]))
+
+
+def test_task_goal_completion_counts_episodes_without_a_verdict_as_failures():
+    infos = [{"task_goal_completion": 1.0}, {}, {"task_goal_completion": 1.0}, {"brand": 2}]
+    assert task_goal_completion(infos)["task_goal_completion"] == 0.5  # not 1.0 over the decided two
+    assert task_goal_completion([{}, {"brand": 1}]) == {}  # an env without the key reports nothing
+    levels = task_goal_completion([{"success": True, "difficulty": 1}, {"difficulty": 1}, {"success": True, "difficulty": 2}])
+    assert levels == {"task_goal_completion": pytest.approx(2 / 3), "task_goal_completion/difficulty_1": 0.5,
+                      "task_goal_completion/difficulty_2": 1.0}
+
+
+def test_decision_advantage_mass_is_the_share_of_absolute_advantage_on_deciding_tokens():
+    adv = np.array([[2.0, 2.0, -1.0, 0.0], [0.5, 0.5, 0.5, 0.5]])
+    mask = np.array([[1, 1, 1, 0], [1, 1, 1, 1]], bool)
+    decision = np.array([[1, 0, 0, 1], [0, 0, 1, 1]], bool)
+    assert decision_advantage_mass(adv, mask, decision) == pytest.approx((2.0 + 1.0) / (5.0 + 2.0))
+    assert decision_advantage_mass(np.zeros((2, 4)), mask, decision) == 0.0
+
+
+def test_a_trainer_turn_limit_below_the_envs_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"max_turns=3 is below TextWatchRepair-v0's own turn limit \(6\)"):
+        run(["--algo", "loop", "--env", "TextWatchRepair-v0", "--model", "tiny-random", "--no-progress",
+             "--iterations", "1", "--log-dir", str(tmp_path), "--hyperparams", "max_turns=3", *SMALL])
+
+
+@pytest.mark.slow
+def test_memory_is_bounded_and_keeps_no_rollouts_of_aborted_iterations(tmp_path):
+    # the random tiny model names one of the station's tools in some turns: those are the bookmarks
+    def vcbm(name, *extra):
+        return run(["--algo", "vcbm-loop", "--env", "TextWatchWorkshop-v0", "--model", "tiny-random", "--no-progress",
+                    "--iterations", "1", "--log-dir", str(tmp_path / name), "--hyperparams", "generation_batch_size=8",
+                    "num_generations=2", "per_device_train_batch_size=8", "max_new_tokens_per_turn=16", *extra])
+
+    unbounded = vcbm("all")
+    assert unbounded["memory_size"] > 3
+    assert vcbm("bounded", "memory_capacity=3")["memory_size"] == 3
+    aborted = vcbm("aborted", "kl_abort=1.0e-12")
+    assert aborted["final_iteration_aborted"] == 1.0 and aborted["memory_size"] == 0
+
+
+@pytest.mark.slow
+def test_trl_grpo_baseline_runs_the_same_episodes_with_trls_advantage(tmp_path):
+    summary = run(["--algo", "trl-grpo", "--env", "TextWatchRepair-v0", "--model", "tiny-random", "--no-progress",
+                   "--iterations", "2", "--log-dir", str(tmp_path), "--hyperparams", "generation_batch_size=8",
+                   "num_generations=4", "per_device_train_batch_size=8", "max_new_tokens_per_turn=16"])
+    assert summary["iterations_run"] == 2 and summary["finetune"] == "full"
+    assert summary["trained_weight_change_l2"] > 0
+    for key in ("final_task_goal_completion", "final_invalid_turn_rate", "final_decision_advantage_mass"):
+        assert 0.0 <= summary[key] <= 1.0
