@@ -98,9 +98,9 @@ def build_tiny_model(vocab_size: int, seed: int = 0, hidden_size: int = 64, num_
     return model
 
 
-def build_tiny(seed: int = 0) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+def build_tiny(seed: int = 0, hidden_size: int = 64) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(len(tokenizer), seed)
+    model = build_tiny_model(len(tokenizer), seed, hidden_size=hidden_size)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
