@@ -15,12 +15,15 @@ from algorithms.common.convergence import ConvergenceTracker, EpisodeRunConfig
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.run_context import RunContext
 from algorithms.common.scalar_writer import ScalarWriter
+from algorithms.common.validation import AT_LEAST_ONE
 from algorithms.registry import get_algo, load_object
 from algorithms.tabular.base import TabularAgent
 
 
 @dataclass
 class TabularRunConfig(EpisodeRunConfig):
+    RANGES = {"log_interval": AT_LEAST_ONE}
+
     log_interval: int = 1
 
 
