@@ -166,6 +166,16 @@ def build_dataclasses(mapping: Mapping[str, Any], classes: typing.Sequence[type]
     return [cls(**kw) for cls, kw in zip(classes, kwargs)]
 
 
+def make_env(env_id: str, env_kwargs: Mapping[str, Any], **extra: Any) -> Any:
+    """gym.make with the env constructor's own checks turned into one ConfigError line."""
+    import gymnasium as gym
+
+    try:
+        return gym.make(env_id, **extra, **env_kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"env_kwargs {dict(env_kwargs)!r} for {env_id}: {exc}") from None
+
+
 def as_plain_dict(*instances: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for inst in instances:

@@ -26,7 +26,7 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value
+from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value, make_env
 from algorithms.common.convergence import ConvergenceTracker, EpisodeRunConfig
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.run_context import RunContext
@@ -159,13 +159,6 @@ def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
     return {**as_plain_dict(run_cfg), **kwargs}
 
 
-def make_env(env_id: str, env_kwargs: dict[str, Any], **extra: Any) -> gym.Env:
-    try:
-        return gym.make(env_id, **extra, **env_kwargs)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"env_kwargs {env_kwargs!r} for {env_id}: {exc}") from None
-
-
 def build_rule(name: str, kwargs: dict[str, Any]) -> CreditRule | None:
     """`make_rule` with the user's errors turned into one clear line."""
     if name == "none":
@@ -211,7 +204,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
 
     # SB3's make_vec_env asks for render_mode="rgb_array", which text envs reject; the model's seed
     # seeds these envs (BaseAlgorithm.set_random_seed).
-    env = DummyVecEnv([lambda: Monitor(gym.make(ctx.env_id, **run_cfg.env_kwargs))] * run_cfg.n_envs)
+    env = DummyVecEnv([lambda: Monitor(make_env(ctx.env_id, run_cfg.env_kwargs))] * run_cfg.n_envs)
     model = algo_cls(run_cfg.policy, env, seed=ctx.seed, device=run_cfg.device, tensorboard_log=ctx.log_dir, **kwargs)
     tracker = ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold)
     convergence = ConvergenceCallback(tracker, run_cfg.max_episodes, run_cfg.stop_at_convergence)
