@@ -124,6 +124,9 @@ def _worker(argv: Sequence[str], conn: Connection, parent_pid: int) -> None:
     _exit_with_parent(parent_pid)
     # Ctrl-C in a terminal reaches the whole process group: compare alone decides how to stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # tqdm's default lock is a multiprocessing semaphore: a worker stopped by SIGTERM would leave it
+    # to the resource tracker, which then prints a warning after compare's one line
+    tqdm.set_lock(threading.RLock())
     _init_worker()
     try:
         _run_job(argv)

@@ -12,6 +12,7 @@ log dir is refused unless `--resume` or `--overwrite` is given.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import hashlib
 import importlib
@@ -233,12 +234,14 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     cli.atomic_write_text(log_dir / "config.yml", yaml.safe_dump(record, sort_keys=False))
 
     start = time.perf_counter()
-    ctx = RunContext(args.algo, args.env, args.seed, str(log_dir), resolved.hyperparams, args, progress=not args.no_progress)
+    # a copy: SB3 adds entries to policy_kwargs in place, which must not change the recorded config
+    hyperparams = copy.deepcopy(resolved.hyperparams)
+    ctx = RunContext(args.algo, args.env, args.seed, str(log_dir), hyperparams, args, progress=not args.no_progress)
     result = runner.run(ctx)
     summary = {"algo": args.algo, "env": args.env, "seed": args.seed, **result}
     summary["wall_time_s"] = time.perf_counter() - start
     summary["log_dir"] = str(log_dir)
-    summary["config_hash"] = resolved.config_hash
+    summary["config_hash"] = record["config_hash"]
     summary = json.loads(_canonical(summary))
     summary["checksum"] = summary_checksum(summary)
     cli.atomic_write_json(log_dir / "summary.json", summary)
