@@ -343,7 +343,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-KILL_ARGS = dict(seeds=3, workers=2, max_episodes=4000)
+KILL_ARGS = dict(seeds=3, workers=2, max_episodes=1500)
 
 
 @pytest.fixture(scope="module")
