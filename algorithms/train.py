@@ -242,7 +242,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     summary["wall_time_s"] = time.perf_counter() - start
     summary["log_dir"] = str(log_dir)
     summary["config_hash"] = record["config_hash"]
-    summary = json.loads(_canonical(summary))
+    summary = json.loads(json.dumps(summary, default=str))  # as a reader will see it; key order kept (roles)
     summary["checksum"] = summary_checksum(summary)
     cli.atomic_write_json(log_dir / "summary.json", summary)
     return summary

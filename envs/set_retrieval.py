@@ -236,9 +236,9 @@ class SetRetrievalEnv(gym.Env):
     def step(self, action):
         if self.request is None:
             raise RuntimeError("step() before reset()")
+        slots = self._check_slots(action)
         if self._done:
             raise RuntimeError("step() after the episode ended: call reset() first")
-        slots = self._check_slots(action)
         self._done = True
         self._last_items = slots.tolist()
         return self.request.features.copy(), float(self.request.snapshot_value(slots)), True, False, \

@@ -56,7 +56,7 @@ def train_bad_args(root: Path):
         bad_seed.map(lambda s: ["--algo", "rudder", "--seed", str(s)]),
         hp("log_interval", non_positive),
         hp("convergence_window", non_positive),
-        hp("z_thresh", st.one_of(nan_or_inf, st.floats(max_value=0, allow_nan=False)).map(lambda v: f"{v!r}".replace("nan", ".nan").replace("inf", ".inf"))),
+        hp("z_thresh", st.one_of(nan_or_inf, st.floats(max_value=-1e-9, allow_nan=False)).map(lambda v: f"{v!r}".replace("nan", ".nan").replace("inf", ".inf"))),
         hp("epsilon_start", st.floats(max_value=-1e-6, allow_infinity=False, allow_nan=False)),
         hp("forced_visits", st.integers(max_value=-1)),
         hp("env_kwargs", non_positive.map(lambda h: f"{{horizon: {h}}}")),

@@ -23,7 +23,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from algorithms.common.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT, UNIT_POSITIVE, Validated
+from algorithms.common.validation import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT,
+    UNIT_POSITIVE,
+    Range,
+    Validated,
+)
 from algorithms.tabular.base import TabularAgent
 from vcbm_gym.credit.causal_roles import (
     ChangeStatistics,
@@ -40,7 +48,7 @@ class VCBMRolesConfig(Validated):
     """Causal-role discovery (Eq. 9-10), shared by vcbm and vcbm+."""
 
     RANGES = {"warmup_transitions": NON_NEGATIVE, "refresh_every": AT_LEAST_ONE, "eta_clock": UNIT_POSITIVE,
-              "z_thresh": POSITIVE}
+              "z_thresh": NON_NEGATIVE}  # 0 is allowed: every component that ever changes counts as controlled
 
     warmup_transitions: int = 2000
     refresh_every: int = 500
@@ -281,7 +289,7 @@ class VCBMAgent(TabularAgent):
 class VCBMPlusConfig(VCBMRolesConfig):
     """Role discovery as in vcbm; the bookmark policy of `bookmark_action_plus`."""
 
-    RANGES = {"n_min": AT_LEAST_ONE, "z_decide": POSITIVE, "epsilon_min": UNIT}
+    RANGES = {"n_min": Range(2), "z_decide": POSITIVE, "epsilon_min": UNIT}  # two visits give a standard error
 
     n_min: int = 8
     z_decide: float = 3.0
