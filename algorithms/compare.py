@@ -5,12 +5,16 @@ Runs every (algo, seed) through `algorithms.train.run` in a process pool, one lo
 writes `DIR/results.json`, `DIR/table.md` (paper 000 Table II) and `DIR/figure.png` (Figure 1), and
 prints the table.
 
-Resuming: a run whose log dir already holds a summary.json written for the same request (algo,
-credit rule, env, seed, episode cap and hyperparameter overrides, read back from its config.yml)
-is reused, not rerun; so a killed comparison rerun with the same arguments computes only the
-missing seeds and ends with the same results.json. results.json holds no wall times for that reason.
-Reuse is keyed on the command line, not on the contents of zoo_configs/: after editing a zoo
-config, compare into a fresh --out.
+Resuming: a run whose log dir holds a summary.json written for the same resolved config (its
+config hash: algo, env, seed and every hyperparameter after zoo_configs, --hyperparams and the
+episode cap) and unchanged since (its checksum) is reused, not rerun; any other run is rerun and
+the reason printed. So a killed comparison rerun with the same arguments computes only the missing
+seeds and ends with the same results.json (which holds no wall times for that reason), and an
+edited zoo config or request never reuses a stale result.
+
+Stopping: Ctrl-C or SIGTERM stops the workers within seconds, keeps every finished seed and exits
+with 130 or 143; a worker exits by itself when compare dies (even by SIGKILL). A lock file
+(DIR/.compare.lock) keeps a second compare out of the same --out.
 
 Non-converged runs (the episode cap ended them) are counted and flagged; they enter the statistics
 with their episode count at the cap, a lower bound of their true episodes-to-converge (so the
@@ -23,22 +27,33 @@ An algo of the form `ALGO+RULE` (e.g. `ppo+vcbm_bookmark`) runs `--algo ALGO --c
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import fcntl
 import itertools
-import json
 import os
+import signal
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import threading
+import time
+from collections import deque
 from dataclasses import dataclass
 from multiprocessing import get_context
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Sequence
 
-import yaml
 from tqdm.auto import tqdm
 
-from algorithms.common.errors import VcbmGymError
+from algorithms.common import cli
+from algorithms.common.errors import Stopped, VcbmGymError
 from algorithms.registry import ALGOS, get_algo
 from algorithms.stats import describe, mann_whitney
+from algorithms.train import ResolvedRun, finished_summary, resolve_argv
+
+MAX_SEEDS = 10_000  # per algo; more is a typo (and would not fit in memory as jobs)
+MAX_WORKERS = 256
+STOP_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -47,6 +62,7 @@ class Job:
     seed: int
     log_dir: Path
     argv: tuple[str, ...]
+    run: ResolvedRun = dataclasses.field(compare=False)  # what train would run: its config_hash keys reuse
 
 
 def algo_argv(label: str) -> list[str]:
@@ -61,42 +77,25 @@ def algo_argv(label: str) -> list[str]:
 
 
 def make_jobs(args: argparse.Namespace) -> list[Job]:
+    """One job per (algo, seed), each resolved as train would resolve it (bad settings fail here,
+    before any run starts). The config is resolved once per algo; only the seed differs."""
     jobs = []
-    for label, seed in itertools.product(args.algos, range(args.seed_start, args.seed_start + args.seeds)):
-        log_dir = Path(args.out) / label / f"seed{seed}"
-        argv = [*algo_argv(label), "--env", args.env, "--seed", str(seed), "--log-dir", str(log_dir), "--no-progress"]
-        if args.max_episodes is not None:
-            argv += ["--max-episodes", str(args.max_episodes)]
-        if args.hyperparams:
-            argv += ["--hyperparams", *args.hyperparams]
-        jobs.append(Job(label, seed, log_dir, tuple(argv)))
+    for label in args.algos:
+        def argv_of(seed: int, log_dir: Path, label: str = label) -> list[str]:
+            argv = [*algo_argv(label), "--env", args.env, "--seed", str(seed), "--log-dir", str(log_dir), "--no-progress"]
+            if args.max_episodes is not None:
+                argv += ["--max-episodes", str(args.max_episodes)]
+            return argv + (["--hyperparams", *args.hyperparams] if args.hyperparams else [])
+
+        first = args.seed_start
+        try:
+            template = resolve_argv(argv_of(first, Path(args.out)))
+        except VcbmGymError as exc:
+            raise VcbmGymError(f"{label}: {exc}") from None
+        for seed in range(first, first + args.seeds):
+            log_dir = Path(args.out) / label / f"seed{seed}"
+            jobs.append(Job(label, seed, log_dir, tuple(argv_of(seed, log_dir)), dataclasses.replace(template, seed=seed)))
     return jobs
-
-
-def finished_summary(job: Job) -> dict[str, Any] | None:
-    """The summary of a previous run of exactly this job, or None if it must (re)run."""
-    summary_path, config_path = job.log_dir / "summary.json", job.log_dir / "config.yml"
-    if not (summary_path.is_file() and config_path.is_file()):
-        return None
-    try:
-        summary = json.loads(summary_path.read_text())
-        command_line = (yaml.safe_load(config_path.read_text()) or {}).get("command_line", {})
-    except (json.JSONDecodeError, yaml.YAMLError):
-        return None  # a run killed while writing: redo it
-    algo, _, credit = (job.label, "", "") if job.label in ALGOS else job.label.partition("+")
-    i = job.argv.index
-    wanted = {
-        "algo": algo,
-        "env": job.argv[i("--env") + 1],
-        "seed": job.seed,
-        "max_episodes": int(job.argv[i("--max-episodes") + 1]) if "--max-episodes" in job.argv else None,
-        "hyperparams": list(job.argv[i("--hyperparams") + 1 :]) if "--hyperparams" in job.argv else [],
-    }
-    if credit:
-        wanted["credit"] = credit
-    if any(command_line.get(key) != value for key, value in wanted.items()):
-        return None
-    return summary
 
 
 def _init_worker() -> None:
@@ -108,39 +107,117 @@ def _init_worker() -> None:
         sys.modules["torch"].set_num_threads(1)
 
 
+def _exit_with_parent(parent_pid: int) -> None:
+    """A worker whose compare died (SIGKILL included: no handler runs there) is reparented;
+    it notices within a fraction of a second and exits instead of writing into --out for nothing."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+def _worker(argv: Sequence[str], conn: Connection, parent_pid: int) -> None:
+    """One run in its own process; failures go back to the parent as one line."""
+    _exit_with_parent(parent_pid)
+    # Ctrl-C in a terminal reaches the whole process group: compare alone decides how to stop
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # tqdm's default lock is a multiprocessing semaphore: a worker stopped by SIGTERM would leave it
+    # to the resource tracker, which then prints a warning after compare's one line
+    tqdm.set_lock(threading.RLock())
+    _init_worker()
+    try:
+        _run_job(argv)
+    except BaseException as exc:  # reported by the parent, which keeps the other seeds going
+        conn.send(f"{type(exc).__name__}: {exc}")
+        conn.close()
+        sys.exit(1)
+
+
 def _run_job(argv: Sequence[str]) -> dict[str, Any]:
     from algorithms.train import run
 
-    return run(list(argv))
+    return run([*argv, "--overwrite"])  # compare owns DIR/<algo>/seed<k>: a stale run there is replaced
+
+
+def _stop_processes(running: dict[Any, Any]) -> None:
+    for process in running:
+        process.terminate()
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for process in running:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
+def _stop_on_sigterm(signum: int, frame: Any) -> None:
+    raise Stopped("SIGTERM", 128 + signal.SIGTERM)
 
 
 def run_jobs(jobs: list[Job], workers: int, progress: bool = True) -> dict[Job, dict[str, Any]]:
     """Run the jobs that have no finished summary yet; return every job's summary."""
-    summaries = {job: s for job in jobs if (s := finished_summary(job)) is not None}
+    summaries, stale = {}, []
+    for job in jobs:
+        summary, why = finished_summary(job.log_dir, job.run)
+        if summary is not None:
+            summaries[job] = summary
+        elif why != "new":
+            stale.append(f"{job.label} seed {job.seed}: {why}")
     todo = [job for job in jobs if job not in summaries]
     if summaries:
-        print(f"reusing {len(summaries)} finished run(s) from previous invocations; {len(todo)} to run", file=sys.stderr)
+        print(f"reusing {len(summaries)} finished run(s) of the same config; {len(todo)} to run", file=sys.stderr)
+    if stale:
+        print(f"rerunning {len(stale)} run(s) found in --out: " + "; ".join(stale[:3])
+              + (f"; and {len(stale) - 3} more" if len(stale) > 3 else ""), file=sys.stderr)
     bar = tqdm(total=len(todo), desc="runs", unit="run", disable=not progress)
-    failures = []
+    failures: list[str] = []
+    running: dict[Any, tuple[Job, Connection]] = {}
+    queue = deque(todo)
     try:
         if workers == 0:  # in this process: for tests and debugging
             _init_worker()
             for job in todo:
                 summaries[job] = _run_job(job.argv)
                 bar.update(1)
-        else:
-            with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"), initializer=_init_worker) as pool:
-                futures = {pool.submit(_run_job, job.argv): job for job in todo}
-                for future in as_completed(futures):
-                    job = futures[future]
-                    try:
-                        summaries[job] = future.result()
-                    except Exception as exc:  # keep the other seeds going; report at the end
-                        failures.append(f"{job.label} seed {job.seed}: {type(exc).__name__}: {exc}")
-                    bar.update(1)
-                    bar.set_postfix_str(f"{job.label} seed {job.seed}")
+            queue.clear()
+        context = get_context("spawn")
+        while queue or running:
+            while queue and len(running) < workers:
+                job = queue.popleft()
+                receive, send = context.Pipe(duplex=False)
+                process = context.Process(target=_worker, args=(job.argv, send, os.getpid()), daemon=True,
+                                          name=f"{job.label}-seed{job.seed}")
+                process.start()
+                send.close()
+                running[process] = (job, receive)
+            ready = wait([p.sentinel for p in running], timeout=1.0)
+            for process in [p for p in running if p.sentinel in ready]:
+                job, receive = running.pop(process)
+                process.join()
+                try:
+                    message = receive.recv() if receive.poll() else f"exit code {process.exitcode}"
+                except EOFError:  # the worker closed its end without a message
+                    message = f"exit code {process.exitcode}"
+                receive.close()
+                summary, why = finished_summary(job.log_dir, job.run) if process.exitcode == 0 else (None, message)
+                if summary is None:  # keep the other seeds going; report at the end
+                    failures.append(f"{job.label} seed {job.seed}: {why}")
+                else:
+                    summaries[job] = summary
+                bar.update(1)
+                bar.set_postfix_str(f"{job.label} seed {job.seed}")
+    except (KeyboardInterrupt, Stopped) as exc:
+        _stop_processes(running)
+        signame, code = ("SIGINT", 130) if isinstance(exc, KeyboardInterrupt) else (str(exc), exc.exit_code)
+        done = sum(1 for job in jobs if finished_summary(job.log_dir, job.run)[0] is not None)
+        raise Stopped(f"{signame}: {done} of {len(jobs)} run(s) finished and kept in their log dirs; "
+                      "rerun the same command to continue", code) from None
     finally:
         bar.close()
+        _stop_processes(running)
     if failures:
         raise VcbmGymError(f"{len(failures)} run(s) failed (finished ones are kept in their log dirs): " + "; ".join(failures))
     return summaries
@@ -255,13 +332,8 @@ def plot_figure(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise VcbmGymError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m algorithms.compare", description=__doc__.splitlines()[0])
+    parser = cli.ArgumentParser(prog="python -m algorithms.compare", description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="WatchRepair-v0")
     parser.add_argument("--algos", nargs="+", required=True, help="algo names, or ALGO+CREDIT_RULE")
     parser.add_argument("--seeds", type=int, default=20, help="number of seeds per algo")
@@ -274,32 +346,60 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def locked(out: Path):
+    """Hold DIR/.compare.lock (fcntl: released by the kernel when the holder dies, even by SIGKILL)."""
+    path = out / ".compare.lock"
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "?"
+        handle.close()
+        raise VcbmGymError(f"--out {str(out)!r} is in use by another compare (pid {holder}, lock {str(path)!r}): "
+                           "expected one compare per --out") from None
+    try:
+        handle.truncate(0)
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()
+
+
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if args.seeds < 1 or args.workers < 0:
-        raise VcbmGymError(f"--seeds {args.seeds} --workers {args.workers}: expected seeds >= 1 and workers >= 0")
+    cli.check_int(args.seeds, "--seeds", 1, MAX_SEEDS)
+    cli.check_int(args.workers, "--workers", 0, MAX_WORKERS)
+    cli.check_seed(args.seed_start, "--seed-start")
+    cli.check_seed(args.seed_start + args.seeds - 1, "--seed-start + --seeds - 1 (the last seed)")
+    if args.max_episodes is not None:
+        cli.check_int(args.max_episodes, "--max-episodes", 1)
     if len(set(args.algos)) != len(args.algos):
         raise VcbmGymError(f"--algos {args.algos}: expected distinct algos")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    jobs = make_jobs(args)
-    summaries = run_jobs(jobs, args.workers, progress=not args.no_progress)
-    results = aggregate(args, jobs, summaries)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
-    table = table_markdown(results)
-    (out / "table.md").write_text(table)
-    plot_figure(results, out / "figure.png")
+    out = cli.output_dir(args.out, "--out")
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if threading.current_thread() is threading.main_thread() else None
+    try:
+        with locked(out):
+            jobs = make_jobs(args)
+            summaries = run_jobs(jobs, args.workers, progress=not args.no_progress)
+            results = aggregate(args, jobs, summaries)
+            cli.atomic_write_json(out / "results.json", results)
+            table = table_markdown(results)
+            cli.atomic_write_text(out / "table.md", table)
+            figure = out / ".figure.tmp.png"
+            plot_figure(results, figure)
+            os.replace(figure, out / "figure.png")
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     print(table)
     return results
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        run(argv)
-    except VcbmGymError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return cli.main(run, argv)
 
 
 if __name__ == "__main__":

@@ -19,11 +19,9 @@ Writes DIR/fidelity.json + DIR/fidelity.md (and DIR/training.json + DIR/training
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -31,7 +29,8 @@ import numpy as np
 from scipy import stats
 
 import vcbm_gym  # noqa: F401  (registers the envs)
-from algorithms.common.errors import ConfigError, VcbmGymError
+from algorithms.common import cli
+from algorithms.common.errors import ConfigError
 from vcbm_gym.credit.set_credit import set_credit, shapley_exact, zero_sum_shaping
 
 FIDELITY_RULES = ("shapley", "singleton", "banzhaf", "loo")
@@ -74,7 +73,9 @@ def make_set_env(env_id: str, **overrides: Any) -> gym.Env:
     try:
         env = gym.make(env_id, **overrides).unwrapped
     except gym.error.Error as error:
-        raise ConfigError(f"--env {env_id!r}: {error}") from error
+        raise ConfigError(f"--env {env_id!r}: {error}") from None
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"--env {env_id!r} with {overrides}: {error}") from None
     if not hasattr(env, "request") or not hasattr(env, "params"):
         raise ConfigError(f"--env {env_id!r}: expected a set-action env exposing snapshot and reference "
                           "evaluators, such as SetRetrieval-v0")
@@ -244,37 +245,44 @@ def training_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m algorithms.credit_fidelity", description=__doc__.split("\n")[0])
+MAX_REQUESTS = 10_000_000
+
+
+def build_parser() -> cli.ArgumentParser:
+    parser = cli.ArgumentParser(prog="python -m algorithms.credit_fidelity", description=__doc__.split("\n")[0])
     parser.add_argument("--env", default="SetRetrieval-v0")
     parser.add_argument("--requests", type=int, default=1000)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-noise-sd", type=float, default=None, help="override the env's snapshot noise sd")
     parser.add_argument("--eval-bias-sd", type=float, default=None, help="override the env's snapshot bias sd")
     parser.add_argument("--train", action="store_true", help="also run the policy-training comparison")
-    args = parser.parse_args(argv)
-    try:
-        if args.requests < 10:
-            raise ConfigError(f"--requests {args.requests}: expected at least 10 requests")
-        overrides = {k: v for k, v in (("eval_noise_sd", args.eval_noise_sd), ("eval_bias_sd", args.eval_bias_sd))
-                     if v is not None}
-        args.out.mkdir(parents=True, exist_ok=True)
-        result = run_fidelity(args.env, args.requests, args.seed, **overrides)
-        (args.out / "fidelity.json").write_text(json.dumps(result, indent=2, default=list))
-        markdown = fidelity_markdown(result)
-        (args.out / "fidelity.md").write_text(markdown)
+    return parser
+
+
+def run(argv: list[str]) -> None:
+    args = build_parser().parse_args(argv)
+    cli.check_int(args.requests, "--requests", 10, MAX_REQUESTS)
+    cli.check_seed(args.seed, "--seed")
+    overrides = {k: v for k, v in (("eval_noise_sd", args.eval_noise_sd), ("eval_bias_sd", args.eval_bias_sd))
+                 if v is not None}
+    make_set_env(args.env, **overrides)  # bad env or values: one line before any work
+    out = cli.output_dir(args.out, "--out")
+    result = run_fidelity(args.env, args.requests, args.seed, **overrides)
+    cli.atomic_write_text(out / "fidelity.json", json.dumps(result, indent=2, default=list))
+    markdown = fidelity_markdown(result)
+    cli.atomic_write_text(out / "fidelity.md", markdown)
+    print(markdown)
+    if args.train:
+        training = train_comparison(args.env, args.seed, **overrides)
+        cli.atomic_write_text(out / "training.json", json.dumps(training, indent=2))
+        markdown = training_markdown(training)
+        cli.atomic_write_text(out / "training.md", markdown)
         print(markdown)
-        if args.train:
-            training = train_comparison(args.env, args.seed, **overrides)
-            (args.out / "training.json").write_text(json.dumps(training, indent=2))
-            markdown = training_markdown(training)
-            (args.out / "training.md").write_text(markdown)
-            print(markdown)
-    except VcbmGymError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.main(run, argv)
 
 
 if __name__ == "__main__":

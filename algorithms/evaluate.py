@@ -25,6 +25,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from algorithms.common import cli
+from algorithms.common.cli import read_json_object
 from algorithms.common.errors import VcbmGymError
 
 Policy = Callable[[str, list[dict]], str | None]  # (task_id, messages) -> code, None = stop
@@ -43,11 +45,17 @@ def scripted_policy(spec: str, data_root: Path) -> Policy:
             return json.loads(path.read_text())
     else:
         path = Path(spec)
-        if not path.exists():
+        if not path.is_file():
             raise VcbmGymError(
                 f"--model scripted:{spec}: no such file; expected scripted:oracle or scripted:FILE.json"
             )
-        table = json.loads(path.read_text())
+        table = read_json_object(path, "--model scripted:")
+        for key, cells in table.items():
+            if not isinstance(cells, list) or not all(isinstance(cell, str) for cell in cells):
+                raise VcbmGymError(
+                    f"--model scripted:{spec}: entry {key!r} is {json.dumps(cells)[:40]}; "
+                    'expected {task_id or "*": [code, ...]} with code cells as strings'
+                )
 
         def cells_of(task_id: str) -> list[str]:
             return list(table.get(task_id, table.get("*", [])))
@@ -74,9 +82,10 @@ def model_policy(name: str, seed: int, max_new_tokens: int, max_prompt_chars: in
         try:
             tokenizer = AutoTokenizer.from_pretrained(name)
             model = AutoModelForCausalLM.from_pretrained(name, dtype="auto")
-        except OSError as error:
+        except (OSError, ValueError, KeyError) as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise VcbmGymError(
-                f"--model {name!r} could not be loaded ({error}); expected scripted:..., tiny, or a model path/name"
+                f"--model {name!r} could not be loaded ({first}); expected scripted:..., tiny, or a model path/name"
             ) from None
     model.eval()
     try:
@@ -145,6 +154,12 @@ def evaluate(args: argparse.Namespace) -> dict:
 
     if args.env != "AppWorld-v0":
         raise VcbmGymError(f"--env {args.env!r}: this evaluator scores AppWorld tasks; expected AppWorld-v0")
+    cli.check_seed(args.seed)
+    cli.check_int(args.max_tasks, "--max-tasks", 0)
+    cli.check_int(args.max_interactions, "--max-interactions", 1, 10_000)
+    cli.check_int(args.max_new_tokens, "--max-new-tokens", 1)
+    cli.check_int(args.max_prompt_chars, "--max-prompt-chars", 1)
+    out = cli.output_dir(args.out, "--out")  # before scoring: a bad --out would throw the evaluation away
     data_root = Path(args.appworld_root or default_root())
     if args.model.startswith("scripted:"):
         policy = scripted_policy(args.model.removeprefix("scripted:"), data_root)
@@ -216,11 +231,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     metrics["counts"] = counts
     mean_return = sum(returns.values()) / len(returns)
     rows = table_iii(metrics, mean_return)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(
-        json.dumps({t: {**results[t], "return": returns[t]} for t in results}, indent=2)
-    )
+    cli.atomic_write_json(out / "results.json", {t: {**results[t], "return": returns[t]} for t in results})
     summary = {
         "env": args.env,
         "split": args.split,
@@ -230,15 +241,15 @@ def evaluate(args: argparse.Namespace) -> dict:
         "table_iii": dict(rows),
         "appworld_metrics": metrics,
     }
-    (out / "metrics.json").write_text(json.dumps(summary, indent=2))
+    cli.atomic_write_json(out / "metrics.json", summary)
     table = format_table(rows, args.model, counts)
-    (out / "table.md").write_text(table + "\n")
+    cli.atomic_write_text(out / "table.md", table + "\n")
     print(table)
     return summary
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = cli.ArgumentParser(prog="python -m algorithms.evaluate", description=__doc__.split("\n")[0])
     parser.add_argument("--env", default="AppWorld-v0")
     parser.add_argument(
         "--split", default="dev", help="AppWorld dataset: train, dev, test_normal, test_challenge"
@@ -262,14 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
-    try:
-        return evaluate(args)
-    except VcbmGymError as error:
-        print(f"error: {error}", file=sys.stderr)
-        raise SystemExit(2) from None
+def run(argv: list[str]) -> dict:
+    return evaluate(build_parser().parse_args(argv))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.main(run, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,46 +1,56 @@
 """`python -m algorithms.train --algo ALGO --env ENV_ID [...]`: train one run, log it, summarise it.
 
-Every run writes into its log dir: TensorBoard events, `config.yml` (the fully resolved
-hyperparameters and command line) and `summary.json`. Hyperparameters come from
-`zoo_configs/<algo>.yml[env_id]`, then `--config FILE`, then `--hyperparams key=value ...`.
+Hyperparameters come from `zoo_configs/<algo>.yml[env_id]`, then `--config FILE` (flat, keyed by
+env id, or the config.yml of an earlier run), then `--hyperparams key=value ...`, then the runner's
+flags (`--max-episodes`, SB3's `--credit`); they are resolved into one checked config
+(`ResolvedRun`) before anything runs. Every run writes into its log dir: `config.yml` (that config,
+its hash, the package versions and the git commit), TensorBoard events and `summary.json` (with the
+config hash and a checksum). Both files are written to a temporary name and renamed. An existing
+log dir is refused unless `--resume` or `--overwrite` is given.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
+import hashlib
 import importlib
+import importlib.metadata
 import json
+import platform
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Sequence
 
 import gymnasium as gym
 import yaml
 
 import vcbm_gym
+from algorithms.common import cli
 from algorithms.common.config import parse_overrides, user_config, zoo_hyperparams
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.run_context import RunContext
 from algorithms.registry import ALGOS, get_algo
 
-
-class _Parser(argparse.ArgumentParser):
-    """Bad command lines become one VcbmGymError line instead of argparse's usage dump."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise VcbmGymError(message)
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("numpy", "gymnasium", "stable-baselines3", "torch", "scipy", "pyyaml", "trl", "transformers", "peft")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m algorithms.train", description=__doc__.splitlines()[0])
+    parser = cli.ArgumentParser(prog="python -m algorithms.train", description=__doc__.splitlines()[0])
     parser.add_argument("--algo", required=True, help=f"one of: {', '.join(ALGOS)}")
     parser.add_argument("--env", default="WatchRepair-v0", help=f"a registered env id, e.g. {', '.join(vcbm_gym.ENV_IDS)}")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help=f"in [0, {cli.MAX_SEED}]")
     parser.add_argument("--log-dir", default=None, help="default: runs/<algo>/<env>/seed<seed>")
-    parser.add_argument("--config", default=None, help="YAML file of hyperparameters (flat, or keyed by env id)")
+    parser.add_argument("--config", default=None, help="YAML file of hyperparameters (flat, keyed by env id, or a run's config.yml)")
     parser.add_argument("--hyperparams", nargs="*", default=[], metavar="KEY=VALUE")
     parser.add_argument("--max-episodes", type=int, default=None, help="episode cap (tabular and SB3 runs)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run already in --log-dir")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return parser
 
@@ -51,57 +61,203 @@ def check_env_id(env_id: str) -> None:
         raise VcbmGymError(f"unknown env id {env_id!r}; expected a registered Gymnasium id such as: {ours}")
 
 
-def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Parse a command line, train, and return the summary (also written to summary.json)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _canonical(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, default=str, allow_nan=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedRun:
+    """Everything that decides a run's result; `config_hash` identifies it."""
+
+    algo: str
+    env: str
+    seed: int
+    hyperparams: dict[str, Any]
+
+    def identity(self) -> dict[str, Any]:
+        # through JSON, so that a config read back from config.yml compares equal
+        return json.loads(_canonical(dataclasses.asdict(self)))
+
+    @property
+    def config_hash(self) -> str:
+        return hashlib.sha256(_canonical(self.identity()).encode()).hexdigest()[:16]
+
+
+def config_diff(old: dict[str, Any], new: dict[str, Any], limit: int = 3) -> str:
+    """'max_episodes 60 -> 70, ...': the first differing settings of two identities."""
+    flat_old = {**{k: v for k, v in old.items() if k != "hyperparams"}, **(old.get("hyperparams") or {})}
+    flat_new = {**{k: v for k, v in new.items() if k != "hyperparams"}, **(new.get("hyperparams") or {})}
+    keys = [k for k in sorted(set(flat_old) | set(flat_new)) if flat_old.get(k, "<unset>") != flat_new.get(k, "<unset>")]
+    parts = [f"{k} {flat_old.get(k, '<unset>')!r} -> {flat_new.get(k, '<unset>')!r}" for k in keys[:limit]]
+    return ", ".join(parts) + (f" and {len(keys) - limit} more" if len(keys) > limit else "") or "no setting (hash only)"
+
+
+def environment_record() -> dict[str, Any]:
+    versions = {"python": platform.python_version(), "vcbm-gym": vcbm_gym.__version__}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    commit = dirty = None
+    try:
+        run = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, timeout=10)  # noqa: E731
+        head = run("rev-parse", "HEAD")
+        if head.returncode == 0:
+            commit = head.stdout.strip()
+            dirty = bool(run("status", "--porcelain", "--untracked-files=no").stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"versions": versions, "git_commit": commit, "git_dirty": dirty}
+
+
+def read_record(log_dir: Path) -> dict[str, Any] | None:
+    """The config.yml of the run in log_dir, or None if there is none (or it cannot be read)."""
+    try:
+        record = yaml.safe_load((log_dir / "config.yml").read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    return record if isinstance(record, dict) and "config_hash" in record else None
+
+
+def summary_checksum(summary: dict[str, Any]) -> str:
+    return hashlib.sha256(_canonical({k: v for k, v in summary.items() if k != "checksum"}).encode()).hexdigest()
+
+
+def finished_summary(log_dir: Path, run: ResolvedRun) -> tuple[dict[str, Any] | None, str]:
+    """(summary, "") if log_dir holds a finished run of exactly this config, else (None, why not)."""
+    log_dir = Path(log_dir)
+    path = log_dir / "summary.json"
+    if not path.is_file():
+        return None, "unfinished" if (log_dir / "config.yml").is_file() else "new"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None, "its summary.json is unreadable"
+    if not isinstance(summary, dict) or summary.get("checksum") != summary_checksum(summary):
+        return None, "its summary.json was changed after the run wrote it"
+    if summary.get("config_hash") != run.config_hash:
+        record = read_record(log_dir)
+        if record is not None and record["config_hash"] == summary.get("config_hash"):
+            recorded = {k: record.get(k) for k in ("algo", "env", "seed", "hyperparams")}
+            return None, f"its config differs ({config_diff(recorded, run.identity())})"
+        return None, "its config differs"
+    return summary, ""
+
+
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, ModuleType, bool]:
+    """The command line, the runner module, and whether the runner brings its own --resume."""
     parser = build_parser()
     known, _ = parser.parse_known_args(argv)
-    spec = get_algo(known.algo)
-    runner = importlib.import_module(spec.runner)
+    runner = importlib.import_module(get_algo(known.algo).runner)
     runner.add_arguments(parser)
-    args = parser.parse_args(argv)
-    check_env_id(args.env)
+    try:
+        parser.add_argument("--resume", action="store_true", help="continue the run in --log-dir (same config only)")
+        runner_resumes = False
+    except argparse.ArgumentError:  # the runner has its own (checkpoints: the LLM runner)
+        runner_resumes = True
+    return parser.parse_args(argv), runner, runner_resumes
 
+
+def resolve(args: argparse.Namespace, runner: ModuleType) -> ResolvedRun:
+    """Fold zoo YAML, --config, --hyperparams and the runner's flags into one checked config."""
+    cli.check_seed(args.seed)
+    check_env_id(args.env)
     mapping = zoo_hyperparams(args.algo, args.env)
     if args.config:
-        mapping.update(user_config(args.config, args.env, gym.registry.keys()))
+        mapping.update(user_config(args.config, args.env, gym.registry.keys(), algo=args.algo))
     mapping.update(parse_overrides(args.hyperparams))
     if args.max_episodes is not None:
         mapping["max_episodes"] = args.max_episodes
-    hyperparams = runner.resolve(args.algo, args.env, mapping)
+    if hasattr(runner, "flag_hyperparams"):
+        mapping.update(runner.flag_hyperparams(args))
+    return ResolvedRun(args.algo, args.env, args.seed, runner.resolve(args.algo, args.env, mapping))
 
+
+def resolve_argv(argv: Sequence[str]) -> ResolvedRun:
+    """The config a command line would run, without running it (algorithms.compare keys reuse on it)."""
+    args, runner, _ = parse(list(argv))
+    return resolve(args, runner)
+
+
+def prepare_log_dir(log_dir: Path, run: ResolvedRun, args: argparse.Namespace, runner_resumes: bool) -> dict[str, Any] | None:
+    """Apply the existing-log-dir policy; returns the summary when --resume finds the run already finished."""
+    if log_dir.exists() and not log_dir.is_dir():
+        raise VcbmGymError(f"--log-dir {str(log_dir)!r} is a file: expected a directory")
+    resume = getattr(args, "resume", False)
+    if resume and args.overwrite:
+        raise VcbmGymError("--resume and --overwrite: expected at most one of them")
+    if log_dir.is_dir() and any(log_dir.iterdir()):
+        record = read_record(log_dir)
+        if args.overwrite:
+            if record is None:
+                raise VcbmGymError(f"--overwrite: {str(log_dir)!r} holds no config.yml of a run; refusing to delete "
+                                   "what may not be a log dir; expected a run's log dir")
+            shutil.rmtree(log_dir)
+        elif resume:
+            if record is None:
+                raise VcbmGymError(f"--resume: {str(log_dir)!r} holds no config.yml of a run; expected a run's log dir")
+            if record["config_hash"] != run.config_hash:
+                recorded = {k: record.get(k) for k in ("algo", "env", "seed", "hyperparams")}
+                raise VcbmGymError(f"--resume: {str(log_dir)!r} holds a run of another config ({config_diff(recorded, run.identity())}); "
+                                   "expected the same config, or --overwrite")
+            if not runner_resumes:
+                summary, _ = finished_summary(log_dir, run)
+                if summary is not None:
+                    return summary
+                # tabular and SB3 runs keep no checkpoints: an unfinished one starts again
+                shutil.rmtree(log_dir)
+        else:
+            raise VcbmGymError(f"--log-dir {str(log_dir)!r} already holds a run: expected a new or empty directory, "
+                               "or --resume (same config) or --overwrite")
+    cli.output_dir(log_dir, "--log-dir")
+    return None
+
+
+def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Parse a command line, train, and return the summary (also written to summary.json)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, runner, runner_resumes = parse(argv)
+    resolved = resolve(args, runner)
     log_dir = Path(args.log_dir or Path("runs") / args.algo / args.env / f"seed{args.seed}")
-    log_dir.mkdir(parents=True, exist_ok=True)
-    resolved = {
-        "algo": args.algo,
-        "env": args.env,
-        "seed": args.seed,
-        "hyperparams": hyperparams,
+    finished = prepare_log_dir(log_dir, resolved, args, runner_resumes)
+    if finished is not None:
+        print(f"{log_dir}: this run already finished (same config); nothing to do", file=sys.stderr)
+        return finished
+    record = {
+        **resolved.identity(),
+        "config_hash": resolved.config_hash,
+        **environment_record(),
         "command_line": {k: v for k, v in vars(args).items()},
+        "argv": argv,
     }
-    (log_dir / "config.yml").write_text(yaml.safe_dump(resolved, sort_keys=False))
+    cli.atomic_write_text(log_dir / "config.yml", yaml.safe_dump(record, sort_keys=False))
 
     start = time.perf_counter()
+    # a copy: SB3 adds entries to policy_kwargs in place, which must not change the recorded config
+    hyperparams = copy.deepcopy(resolved.hyperparams)
     ctx = RunContext(args.algo, args.env, args.seed, str(log_dir), hyperparams, args, progress=not args.no_progress)
     result = runner.run(ctx)
     summary = {"algo": args.algo, "env": args.env, "seed": args.seed, **result}
     summary["wall_time_s"] = time.perf_counter() - start
     summary["log_dir"] = str(log_dir)
-    (log_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    summary["config_hash"] = record["config_hash"]
+    summary = json.loads(json.dumps(summary, default=str))  # as a reader will see it; key order kept (roles)
+    summary["checksum"] = summary_checksum(summary)
+    cli.atomic_write_json(log_dir / "summary.json", summary)
     return summary
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        summary = run(argv)
-    except VcbmGymError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    skip = {"algo", "env", "seed", "log_dir"}
+def _main(argv: list[str]) -> None:
+    summary = run(argv)
+    skip = {"algo", "env", "seed", "log_dir", "config_hash", "checksum"}
     brief = {k: v for k, v in summary.items() if k not in skip and (k == "roles" or isinstance(v, (bool, int, float, str, type(None))))}
     print(json.dumps(brief))
     print(f"TensorBoard logs: {summary['log_dir']}  (view with: tensorboard --logdir {summary['log_dir']})")
-    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.main(_main, argv)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,22 @@ class SetRetrievalParams:
     feature_noise_sd: float = 0.1
 
     def __post_init__(self) -> None:
+        for name in ("pool_size", "set_size", "n_facets", "n_intents"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise ValueError(f"{name}={value!r}: expected an integer")
+        for name in ("paraphrase_range", "coverage_prob", "coverage_range", "bonus_range", "eval_noise_sd",
+                     "eval_bias_sd", "feature_noise_sd"):
+            value = getattr(self, name)
+            try:
+                finite = bool(np.all(np.isfinite(np.asarray(value, dtype=float))))
+            except (TypeError, ValueError):
+                finite = False
+            if not finite or isinstance(value, bool):
+                raise ValueError(f"{name}={value!r}: expected finite real numbers")
+        for name in ("paraphrase_range", "coverage_range", "bonus_range"):
+            if len(getattr(self, name)) != 2:
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected a (low, high) pair")
         if not 1 <= self.set_size <= self.pool_size <= 16:
             raise ValueError(
                 f"set_size={self.set_size}, pool_size={self.pool_size}: expected 1 <= set_size <= pool_size <= 16"
@@ -93,7 +109,10 @@ class SetRetrievalParams:
         if not 0 < self.paraphrase_range[0] <= self.paraphrase_range[1] <= 1:
             raise ValueError(f"paraphrase_range={self.paraphrase_range}: expected 0 < lo <= hi <= 1")
         if min(self.eval_noise_sd, self.eval_bias_sd, self.feature_noise_sd) < 0:
-            raise ValueError("eval_noise_sd, eval_bias_sd, feature_noise_sd: expected values >= 0")
+            raise ValueError(f"eval_noise_sd={self.eval_noise_sd!r}, eval_bias_sd={self.eval_bias_sd!r}, "
+                             f"feature_noise_sd={self.feature_noise_sd!r}: expected values >= 0")
+        if not 0 <= self.bonus_range[0] <= self.bonus_range[1]:
+            raise ValueError(f"bonus_range={self.bonus_range}: expected 0 <= lo <= hi")
 
     @property
     def feature_dim(self) -> int:
@@ -190,25 +209,37 @@ class SetRetrievalEnv(gym.Env):
             raise ValueError(f"render_mode={render_mode!r}: expected one of {self.metadata['render_modes']}")
         self.render_mode = render_mode
         self.request: SetRequest | None = None
+        self._done = False
         self._last_items: list[int] | None = None
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         self.request = sample_request(self.params, self.np_random)
         self._last_items = None
+        self._done = False
         return self.request.features.copy(), {}
 
     def _check_slots(self, action: Any) -> np.ndarray:
-        slots = np.asarray(action).astype(np.int64).ravel()
+        raw = np.asarray(action)
         m, p = self.params.set_size, self.params.pool_size
+        bad = InvalidSetError(f"action {raw.tolist()!r}: expected {m} integer pool indices in [0, {p})")
+        # a float like 1.5 is not an item: truncating it would submit a set the policy never chose
+        if raw.dtype == bool or not (np.issubdtype(raw.dtype, np.integer) or np.issubdtype(raw.dtype, np.floating)):
+            raise bad
+        if np.issubdtype(raw.dtype, np.floating) and not np.all(np.isfinite(raw) & (raw == np.round(raw))):
+            raise bad
+        slots = raw.astype(np.int64).ravel()
         if slots.shape != (m,) or slots.min() < 0 or slots.max() >= p:
-            raise InvalidSetError(f"action {np.asarray(action).tolist()}: expected {m} pool indices in [0, {p})")
+            raise bad
         return slots
 
     def step(self, action):
         if self.request is None:
             raise RuntimeError("step() before reset()")
         slots = self._check_slots(action)
+        if self._done:
+            raise RuntimeError("step() after the episode ended: call reset() first")
+        self._done = True
         self._last_items = slots.tolist()
         return self.request.features.copy(), float(self.request.snapshot_value(slots)), True, False, \
             self._info(slots)
@@ -283,12 +314,14 @@ class TextSetRetrievalEnv(gym.Env):
         self.action_space = spaces.Text(max_length=max_length, charset=TEXT_CHARSET)
         self.render_mode = render_mode
         self.request: SetRequest | None = None
+        self._done = False
         self._prompt = ""
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         self.request = sample_request(self.params, self.np_random)
         self._prompt = describe_request(self.request, self.params.set_size)
+        self._done = False
         return self._prompt, {}
 
     def step(self, action: str):
@@ -296,6 +329,9 @@ class TextSetRetrievalEnv(gym.Env):
             raise RuntimeError("step() before reset()")
         if not isinstance(action, str):
             raise InvalidSetError(f"action of type {type(action).__name__}: expected the answer text (str)")
+        if self._done:
+            raise RuntimeError("step() after the episode ended: call reset() first")
+        self._done = True
         items, spans = parse_items(action, self.params.pool_size, self.params.set_size)
         info = {
             "items": items,

@@ -23,6 +23,20 @@ COMPONENT_NAMES = ("repaired_flag", "counter1", "counter2", "brand", "timestep")
 GROUND_TRUTH_ROLES = ("controlled", "noise", "noise", "static", "clock")
 
 
+# Each step replays a precomputed (T + 1, 5) trajectory: a horizon this long would only exhaust memory.
+MAX_HORIZON = 100_000
+
+
+def _check_reals(name: str, value: Any) -> None:
+    """Finite real numbers (a scalar or a sequence), or one line naming the value."""
+    try:
+        array = np.asarray(value, dtype=float)
+    except (TypeError, ValueError):
+        array = None
+    if array is None or array.ndim > 1 or not np.all(np.isfinite(array)) or np.asarray(value).dtype == bool:
+        raise ValueError(f"{name}={value!r}: expected finite real numbers")
+
+
 class InvalidActionError(ValueError):
     """An action outside {0 (repair), 1 (do not repair)}."""
 
@@ -42,9 +56,14 @@ class WatchRepairParams:
     counter_penalties: Sequence[float] = (0.1, 7.0)
 
     def __post_init__(self) -> None:
-        if self.horizon < 1:
-            raise ValueError(f"horizon={self.horizon}: expected an integer >= 1")
+        if isinstance(self.horizon, bool) or not isinstance(self.horizon, (int, np.integer)) or not 1 <= self.horizon <= MAX_HORIZON:
+            raise ValueError(f"horizon={self.horizon!r}: expected an integer in [1, {MAX_HORIZON}]")
+        for name in ("brand_probs", "repair_cost_mean", "repair_cost_sd", "price", "transport_mean", "counter_probs",
+                     "counter_penalties", "transport_sd"):
+            _check_reals(name, getattr(self, name))
         n_brands = len(self.brand_probs)
+        if n_brands < 1:
+            raise ValueError("brand_probs=(): expected at least one brand")
         for name in ("repair_cost_mean", "repair_cost_sd", "price", "transport_mean"):
             if len(getattr(self, name)) != n_brands:
                 raise ValueError(
@@ -56,6 +75,11 @@ class WatchRepairParams:
             raise ValueError(f"brand_probs={tuple(self.brand_probs)}: expected non-negative values summing to 1")
         if len(self.counter_probs) != 2 or len(self.counter_penalties) != 2:
             raise ValueError("counter_probs and counter_penalties: expected two entries each")
+        for name, low, high in (("repair_cost_sd", 0, None), ("transport_sd", 0, None), ("counter_probs", 0, 1)):
+            values = np.atleast_1d(np.asarray(getattr(self, name), dtype=float))
+            if np.any(values < low) or (high is not None and np.any(values > high)):
+                expected = f"values in [{low}, {high}]" if high is not None else f"values >= {low}"
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected {expected}")
 
     @property
     def n_brands(self) -> int:
@@ -252,6 +276,8 @@ class WatchRepairVectorEnv(VectorEnv):
     metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP}
 
     def __init__(self, num_envs: int, **params: Any) -> None:
+        if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)):
+            raise ValueError(f"num_envs={num_envs!r}: expected an integer >= 1")
         self.num_envs = int(num_envs)
         if self.num_envs < 1:
             raise ValueError(f"num_envs={num_envs}: expected an integer >= 1")
@@ -268,6 +294,7 @@ class WatchRepairVectorEnv(VectorEnv):
         self._t = np.zeros(self.num_envs, dtype=np.int64)
         self._first_action = np.full(self.num_envs, -1)
         self._brand_option: int | None = None
+        self._started = False
 
     def generators(self, index: np.ndarray) -> list[np.random.Generator]:
         """The generator of each sub-env in `index` (the shared one repeated if there are no per-env ones)."""
@@ -286,6 +313,7 @@ class WatchRepairVectorEnv(VectorEnv):
             self._rngs = None
         self._brand_option = (options or {}).get("brand")
         self._start(np.arange(self.num_envs))
+        self._started = True
         return self._states[:, 0].copy(), self._infos()
 
     def _start(self, index: np.ndarray) -> None:
@@ -300,6 +328,8 @@ class WatchRepairVectorEnv(VectorEnv):
         self._first_action[index] = -1
 
     def step(self, actions):
+        if not self._started:
+            raise RuntimeError("step() called before reset()")
         actions = np.asarray(actions).reshape(self.num_envs)
         reward = np.zeros(self.num_envs)
         done = self._t >= self.horizon

@@ -199,13 +199,13 @@ def test_the_world_server_never_sees_ground_truth(appworld):
 
 
 def test_evaluate_cli_reports_tgc_and_sgc(appworld, tmp_path):
-    from algorithms.evaluate import main
+    from algorithms.evaluate import run
 
     _, root = appworld
 
     def evaluate(model: str, out: str) -> dict:
         argv = ["--env", "AppWorld-v0", "--split", "dev", "--model", model, "--out", str(tmp_path / out)]
-        return main([*argv, "--appworld-root", str(root)])
+        return run([*argv, "--appworld-root", str(root)])
 
     summary = evaluate("scripted:oracle", "oracle")
     assert summary["num_tasks"] == len(synthetic.SCENARIOS) * 2

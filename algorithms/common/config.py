@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from pathlib import Path
 from typing import Any, Mapping
@@ -16,10 +17,18 @@ ZOO_CONFIG_DIR = Path(__file__).resolve().parents[2] / "zoo_configs"
 
 def read_yaml(path: str | Path) -> Any:
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"config file {str(path)!r} does not exist: expected a YAML file")
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} is not a file: expected a YAML file")
     try:
-        return yaml.safe_load(path.read_text())
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {str(path)!r} cannot be read as text ({type(exc).__name__}): expected a YAML file") from None
+    if "\0" in text:
+        raise ConfigError(f"config file {str(path)!r} holds binary data: expected a YAML file")
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         first = str(exc).strip().splitlines()
         where = ""
@@ -45,8 +54,14 @@ def zoo_hyperparams(algo: str, env_id: str, config_dir: Path = ZOO_CONFIG_DIR) -
     return dict(entry)
 
 
-def user_config(path: str | Path, env_id: str, env_ids: typing.Collection[str]) -> dict[str, Any]:
-    """A --config file: either keyed by env id like zoo_configs, or a flat mapping of hyperparameters."""
+RUN_RECORD_KEYS = {"algo", "env", "hyperparams", "config_hash"}  # a config.yml written by algorithms.train
+
+
+def user_config(
+    path: str | Path, env_id: str, env_ids: typing.Collection[str], algo: str | None = None
+) -> dict[str, Any]:
+    """A --config file: keyed by env id like zoo_configs, a flat mapping of hyperparameters, or
+    the config.yml of an earlier run (its resolved hyperparameters, for the same algo and env)."""
     data = read_yaml(path)
     if data is None:
         return {}
@@ -54,6 +69,13 @@ def user_config(path: str | Path, env_id: str, env_ids: typing.Collection[str]) 
         raise ConfigError(
             f"malformed config file {str(path)!r}: expected a mapping of hyperparameters, got {type(data).__name__}"
         )
+    if RUN_RECORD_KEYS <= set(data):
+        if (data["algo"], data["env"]) != (algo, env_id) or not isinstance(data["hyperparams"], dict):
+            raise ConfigError(
+                f"config file {str(path)!r} records a run of --algo {data['algo']} --env {data['env']}: "
+                f"expected --algo {algo} --env {env_id} to rerun it"
+            )
+        return dict(data["hyperparams"])
     if data and all(key in env_ids for key in data):
         entry = data.get(env_id)
         if entry is None:
@@ -78,7 +100,7 @@ def parse_overrides(items: typing.Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _coerce(name: str, value: Any, annotation: Any, owner: str) -> Any:
+def coerce_value(name: str, value: Any, annotation: Any, owner: str) -> Any:
     """Check a value against a dataclass field's annotation (int, float, bool, str, lists, dicts, Optional)."""
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
@@ -90,7 +112,7 @@ def _coerce(name: str, value: Any, annotation: Any, owner: str) -> Any:
             if arg is type(None):
                 continue
             try:
-                return _coerce(name, value, arg, owner)
+                return coerce_value(name, value, arg, owner)
             except ConfigError as exc:
                 errors.append(exc)
         raise errors[0]
@@ -102,12 +124,16 @@ def _coerce(name: str, value: Any, annotation: Any, owner: str) -> Any:
             raise bad
         return value
     if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad
+        if isinstance(value, float) and (not math.isfinite(value) or int(value) != value):
             raise bad
         return int(value)
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
+        if not math.isfinite(value):
+            raise ConfigError(f"hyperparameter {name}={value!r} for {owner}: expected a finite number")
         return float(value)
     if annotation is str:
         if not isinstance(value, str):
@@ -133,11 +159,21 @@ def build_dataclasses(mapping: Mapping[str, Any], classes: typing.Sequence[type]
     for key, value in mapping.items():
         for i, names in enumerate(fields):
             if key in names:
-                kwargs[i][key] = _coerce(key, value, hints[i][key], owner)
+                kwargs[i][key] = coerce_value(key, value, hints[i][key], owner)
                 break
         else:
             raise ConfigError(f"unknown hyperparameter {key!r} for {owner}; expected one of: {', '.join(known)}")
     return [cls(**kw) for cls, kw in zip(classes, kwargs)]
+
+
+def make_env(env_id: str, env_kwargs: Mapping[str, Any], **extra: Any) -> Any:
+    """gym.make with the env constructor's own checks turned into one ConfigError line."""
+    import gymnasium as gym
+
+    try:
+        return gym.make(env_id, **extra, **env_kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"env_kwargs {dict(env_kwargs)!r} for {env_id}: {exc}") from None
 
 
 def as_plain_dict(*instances: Any) -> dict[str, Any]:

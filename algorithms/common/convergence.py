@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from algorithms.common.validation import AT_LEAST_ONE, UNIT_POSITIVE, Validated
+
 
 @dataclass
-class EpisodeRunConfig:
+class EpisodeRunConfig(Validated):
     """Run settings shared by every runner that trains until the convergence criterion."""
+
+    RANGES = {"max_episodes": AT_LEAST_ONE, "convergence_window": AT_LEAST_ONE, "convergence_threshold": UNIT_POSITIVE}
 
     max_episodes: int = 20_000
     convergence_window: int = 750

@@ -4,8 +4,8 @@
 that rewrites the rollout buffer's advantages; DQN gets an EpisodeRedistributionBuffer that writes
 return-equivalent redistributed rewards. The SPEC section 4 criterion (window of correct first
 decisions, evaluation only) stops the run, or `max_episodes` does. Hyperparameters: the run's
-own (`SB3RunConfig`) plus the algorithm's constructor arguments (`PPOConfig`, `A2CConfig`,
-`DQNConfig`, SB3's defaults), flat in zoo_configs/<algo>.yml; credit-rule arguments go under
+own (`SB3RunConfig`) plus the algorithm's constructor arguments, checked against the SB3 class's
+own signature (SB3 is the only source of their defaults; zoo_configs/<algo>.yml lists what differs); credit-rule arguments go under
 `credit_kwargs`, keyed by rule name (`credit_kwargs: {vcbm_bookmark: {alpha: 0.01}}`), so one
 config serves every --credit. SB3 writes its own TensorBoard logs into the run's log dir.
 """
@@ -13,20 +13,32 @@ config serves every --credit. SB3 writes its own TensorBoard logs into the run's
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
 import torch
 from stable_baselines3.common.callbacks import CallbackList
 from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from algorithms.common.config import as_plain_dict, build_dataclasses
+from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value, make_env
 from algorithms.common.convergence import ConvergenceTracker, EpisodeRunConfig
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.run_context import RunContext
+from algorithms.common.validation import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT,
+    Range,
+    check_finite,
+    check_value,
+)
 from algorithms.registry import get_algo, load_object
 from algorithms.sb3.callbacks import GROUP_BY, ConvergenceCallback, CreditCallback
 from algorithms.sb3.wrappers import EpisodeRedistributionBuffer
@@ -35,7 +47,10 @@ from vcbm_gym.credit.base import RULES, CreditRule, make_rule
 
 @dataclass
 class SB3RunConfig(EpisodeRunConfig):
+    RANGES = {"n_envs": AT_LEAST_ONE, "episode_steps": Range(1, optional=True), "torch_threads": AT_LEAST_ONE}
+
     max_episodes: int = 30_000
+    credit: str = "none"  # set by --credit; a rule name in vcbm_gym.credit.base.RULES
     n_envs: int = 1
     policy: str = "MlpPolicy"
     episode_steps: int | None = None  # None: the env's max_episode_steps or params.horizon
@@ -45,57 +60,53 @@ class SB3RunConfig(EpisodeRunConfig):
     device: str = "cpu"
 
 
-@dataclass
-class PPOConfig:
-    learning_rate: float = 3e-4
-    n_steps: int = 2048
-    batch_size: int = 64
-    n_epochs: int = 10
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    clip_range: float = 0.2
-    normalize_advantage: bool = True
-    ent_coef: float = 0.0
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    policy_kwargs: dict = field(default_factory=dict)
-
-
-@dataclass
-class A2CConfig:
-    learning_rate: float = 7e-4
-    n_steps: int = 5
-    gamma: float = 0.99
-    gae_lambda: float = 1.0
-    ent_coef: float = 0.0
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    rms_prop_eps: float = 1e-5
-    use_rms_prop: bool = True
-    normalize_advantage: bool = False
-    policy_kwargs: dict = field(default_factory=dict)
-
-
-@dataclass
-class DQNConfig:
-    learning_rate: float = 1e-4
-    buffer_size: int = 1_000_000
-    learning_starts: int = 100
-    batch_size: int = 32
-    tau: float = 1.0
-    gamma: float = 0.99
-    train_freq: int = 4
-    gradient_steps: int = 1
-    target_update_interval: int = 10_000
-    exploration_fraction: float = 0.1
-    exploration_initial_eps: float = 1.0
-    exploration_final_eps: float = 0.05
-    max_grad_norm: float = 10.0
-    policy_kwargs: dict = field(default_factory=dict)
-
-
-ALGO_CONFIGS = {"stable_baselines3:PPO": PPOConfig, "stable_baselines3:A2C": A2CConfig, "stable_baselines3:DQN": DQNConfig}
+# Constructor arguments the runner sets itself (the env, the credit rule's buffer, logging).
+RUNNER_OWNED = {"self", "policy", "env", "seed", "device", "tensorboard_log", "verbose", "_init_setup_model",
+                "rollout_buffer_class", "rollout_buffer_kwargs", "replay_buffer_class", "replay_buffer_kwargs"}
+# Arguments that must be integers although a float would pass SB3's own annotations unnoticed.
+INTEGER_ARGS = {"n_steps", "batch_size", "n_epochs", "buffer_size", "learning_starts", "gradient_steps",
+                "target_update_interval", "stats_window_size", "sde_sample_freq"}
+# Ranges of the common arguments; SB3 checks few of them and fails late or silently on the rest.
+ARG_RANGES = {
+    "learning_rate": POSITIVE, "n_steps": AT_LEAST_ONE, "batch_size": AT_LEAST_ONE, "n_epochs": AT_LEAST_ONE,
+    "gamma": UNIT, "gae_lambda": UNIT, "clip_range": POSITIVE, "clip_range_vf": Range(0, lo_open=True, optional=True),
+    "ent_coef": NON_NEGATIVE, "vf_coef": NON_NEGATIVE, "max_grad_norm": POSITIVE,
+    "target_kl": Range(0, lo_open=True, optional=True), "rms_prop_eps": POSITIVE, "buffer_size": AT_LEAST_ONE,
+    "learning_starts": NON_NEGATIVE, "tau": UNIT, "gradient_steps": Range(-1), "target_update_interval": AT_LEAST_ONE,
+    "exploration_fraction": UNIT, "exploration_initial_eps": UNIT, "exploration_final_eps": UNIT,
+    "stats_window_size": AT_LEAST_ONE,
+}  # fmt: skip
 CREDIT_CHOICES = ("none", *RULES)
+
+
+def algo_defaults(algo_cls: type) -> dict[str, Any]:
+    """The SB3 class's own constructor defaults: SB3 stays the single source of them."""
+    params = inspect.signature(algo_cls.__init__).parameters
+    return {name: p.default for name, p in params.items() if name not in RUNNER_OWNED and p.default is not p.empty}
+
+
+def _coerce_arg(name: str, value: Any, default: Any, owner: str) -> Any:
+    check_finite(name, value)
+    if isinstance(default, bool) or name in INTEGER_ARGS:
+        kind = bool if isinstance(default, bool) else int
+        value = coerce_value(name, value, kind, owner)
+    elif isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if name in ARG_RANGES:
+        check_value(name, value, ARG_RANGES[name])
+    return value
+
+
+def algo_kwargs(algo: str, mapping: dict[str, Any]) -> dict[str, Any]:
+    """Every constructor argument of the SB3 class: its defaults overlaid by `mapping` (checked)."""
+    target = get_algo(algo).target
+    defaults = algo_defaults(load_object(target))
+    out = dict(defaults)
+    for key, value in mapping.items():
+        out[key] = _coerce_arg(key, value, defaults[key], f"algo {algo!r}")
+    if out.get("policy_kwargs") is not None and not isinstance(out["policy_kwargs"], dict):
+        raise ConfigError(f"hyperparameter policy_kwargs={out['policy_kwargs']!r}: expected a mapping")
+    return out
 
 
 def credit_name(value: str) -> str:
@@ -105,33 +116,47 @@ def credit_name(value: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--credit", type=credit_name, default="none", help=f"credit rule, one of: {', '.join(CREDIT_CHOICES)}")
+    parser.add_argument("--credit", type=credit_name, default=None, help=f"credit rule, one of: {', '.join(CREDIT_CHOICES)}")
 
 
-def _config_class(algo: str) -> type:
-    target = get_algo(algo).target
-    if target not in ALGO_CONFIGS:
-        raise VcbmGymError(f"algo {algo!r} targets {target!r}: the SB3 runner knows {', '.join(ALGO_CONFIGS)}")
-    return ALGO_CONFIGS[target]
+def flag_hyperparams(args: argparse.Namespace) -> dict[str, Any]:
+    """The runner's flags as hyperparameters, so that the resolved config holds them."""
+    return {} if args.credit is None else {"credit": args.credit}
 
 
-def _configs(algo: str, mapping: dict[str, Any]) -> tuple[SB3RunConfig, Any]:
-    run_cfg, algo_cfg = build_dataclasses(mapping, [SB3RunConfig, _config_class(algo)], owner=f"algo {algo!r}")
-    if run_cfg.max_episodes < 1 or run_cfg.n_envs < 1:
-        raise ConfigError(f"max_episodes={run_cfg.max_episodes}, n_envs={run_cfg.n_envs}: expected integers >= 1")
-    for name, kwargs in run_cfg.credit_kwargs.items():
-        if name not in RULES or not isinstance(kwargs, dict):
+def _configs(algo: str, mapping: dict[str, Any]) -> tuple[SB3RunConfig, dict[str, Any]]:
+    run_names = {f.name for f in dataclasses.fields(SB3RunConfig)}
+    defaults = algo_defaults(load_object(get_algo(algo).target))
+    unknown = [key for key in mapping if key not in run_names and key not in defaults]
+    if unknown:
+        known = ", ".join(sorted(run_names | set(defaults)))
+        raise ConfigError(f"unknown hyperparameter {unknown[0]!r} for algo {algo!r}; expected one of: {known}")
+    (run_cfg,) = build_dataclasses({k: v for k, v in mapping.items() if k in run_names}, [SB3RunConfig], owner=f"algo {algo!r}")
+    kwargs = algo_kwargs(algo, {k: v for k, v in mapping.items() if k not in run_names})
+    if run_cfg.credit not in CREDIT_CHOICES:
+        raise ConfigError(f"unknown credit rule {run_cfg.credit!r}; expected one of: {', '.join(CREDIT_CHOICES)}")
+    for name, rule_kwargs in run_cfg.credit_kwargs.items():
+        if name not in RULES or not isinstance(rule_kwargs, dict):
             raise ConfigError(
-                f"hyperparameter credit_kwargs[{name!r}]={kwargs!r}: expected rule name -> mapping of its arguments, "
+                f"hyperparameter credit_kwargs[{name!r}]={rule_kwargs!r}: expected rule name -> mapping of its arguments, "
                 f"rule names: {', '.join(RULES)}"
             )
     if run_cfg.credit_group_by not in GROUP_BY:
         raise ConfigError(f"hyperparameter credit_group_by={run_cfg.credit_group_by!r}: expected one of {', '.join(GROUP_BY)}")
-    return run_cfg, algo_cfg
+    return run_cfg, kwargs
 
 
 def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
-    return as_plain_dict(*_configs(algo, mapping))
+    """Run settings and every SB3 constructor argument, checked; the credit rule and the env are
+    built once here, so that a bad rule argument or env_kwargs fails before the log dir exists."""
+    run_cfg, kwargs = _configs(algo, mapping)
+    build_rule(run_cfg.credit, run_cfg.credit_kwargs.get(run_cfg.credit, {}))
+    probe = make_env(env_id, run_cfg.env_kwargs)
+    try:
+        episode_steps(probe, run_cfg.episode_steps)
+    finally:
+        probe.close()
+    return {**as_plain_dict(run_cfg), **kwargs}
 
 
 def build_rule(name: str, kwargs: dict[str, Any]) -> CreditRule | None:
@@ -156,23 +181,22 @@ def episode_steps(env: gym.Env, configured: int | None) -> int:
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
-    run_cfg, algo_cfg = _configs(ctx.algo, ctx.hyperparams)
-    credit = getattr(ctx.args, "credit", "none")
+    run_cfg, kwargs = _configs(ctx.algo, ctx.hyperparams)
+    credit = run_cfg.credit
     rule = build_rule(credit, run_cfg.credit_kwargs.get(credit, {}))
     algo_cls = load_object(get_algo(ctx.algo).target)
-    off_policy = isinstance(algo_cfg, DQNConfig)
+    off_policy = issubclass(algo_cls, OffPolicyAlgorithm)
     torch.set_num_threads(run_cfg.torch_threads)
 
-    probe = gym.make(ctx.env_id, **run_cfg.env_kwargs)
+    probe = make_env(ctx.env_id, run_cfg.env_kwargs)
     steps = episode_steps(probe, run_cfg.episode_steps)
     probe.close()
-    kwargs = asdict(algo_cfg)
     callbacks = []
     if rule is not None and off_policy:
-        if run_cfg.n_envs != 1 or algo_cfg.learning_starts < steps:
+        if run_cfg.n_envs != 1 or kwargs["learning_starts"] < steps:
             raise ConfigError(
                 f"DQN with --credit needs n_envs=1 and learning_starts >= one episode ({steps} steps); "
-                f"got n_envs={run_cfg.n_envs}, learning_starts={algo_cfg.learning_starts}"
+                f"got n_envs={run_cfg.n_envs}, learning_starts={kwargs['learning_starts']}"
             )
         kwargs.update(replay_buffer_class=EpisodeRedistributionBuffer, replay_buffer_kwargs={"rule": rule})
     elif rule is not None:
@@ -180,7 +204,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
 
     # SB3's make_vec_env asks for render_mode="rgb_array", which text envs reject; the model's seed
     # seeds these envs (BaseAlgorithm.set_random_seed).
-    env = DummyVecEnv([lambda: Monitor(gym.make(ctx.env_id, **run_cfg.env_kwargs))] * run_cfg.n_envs)
+    env = DummyVecEnv([lambda: Monitor(make_env(ctx.env_id, run_cfg.env_kwargs))] * run_cfg.n_envs)
     model = algo_cls(run_cfg.policy, env, seed=ctx.seed, device=run_cfg.device, tensorboard_log=ctx.log_dir, **kwargs)
     tracker = ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold)
     convergence = ConvergenceCallback(tracker, run_cfg.max_episodes, run_cfg.stop_at_convergence)

@@ -23,11 +23,14 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.common.validation import NON_NEGATIVE, UNIT, Range, Validated
 from algorithms.tabular.base import TabularAgent
 
 
 @dataclass
-class MonteCarloConfig:
+class MonteCarloConfig(Validated):
+    RANGES = {"epsilon": UNIT, "alpha": Range(0, 1, lo_open=True, optional=True), "later_action": NON_NEGATIVE}
+
     epsilon: float = 0.05
     q_init: float = 10.0
     alpha: float | None = 0.1  # None: sample average 1 / n

@@ -21,12 +21,15 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.common.validation import UNIT, UNIT_POSITIVE, Validated
 from algorithms.tabular.base import TabularAgent
 from algorithms.tabular.mc import epsilon_greedy
 
 
 @dataclass
-class QLearningConfig:
+class QLearningConfig(Validated):
+    RANGES = {"epsilon": UNIT, "alpha": UNIT_POSITIVE, "gamma": UNIT}
+
     epsilon: float = 0.05
     alpha: float = 0.1
     gamma: float = 1.0

@@ -20,14 +20,24 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from algorithms.common.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT, UNIT_POSITIVE, Validated
 from algorithms.tabular.mc import FirstDecisionAgent
 from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.rudder import RudderCreditConfig, RudderLSTMConfig, RudderRule
 
 
 @dataclass
-class RudderConfig(RudderLSTMConfig):
+class RudderConfig(Validated, RudderLSTMConfig):
     """The direct-Q policy's settings; the LSTM's and its schedule's come from RudderLSTMConfig."""
+
+    RANGES = {
+        "epsilon": UNIT, "q_learning_rate": UNIT_POSITIVE, "later_action": NON_NEGATIVE,
+        # RudderLSTMConfig's fields (vcbm_gym stays free of algorithms/, so their ranges live here)
+        "hidden_size": AT_LEAST_ONE, "init_std": NON_NEGATIVE, "reward_scale": POSITIVE, "aux_loss_weight": NON_NEGATIVE,
+        "learning_rate": POSITIVE, "weight_decay": NON_NEGATIVE, "buffer_capacity": AT_LEAST_ONE, "batch_size": AT_LEAST_ONE,
+        "min_buffer_episodes": NON_NEGATIVE, "train_every": AT_LEAST_ONE, "loss_threshold": NON_NEGATIVE,
+        "running_loss_init": NON_NEGATIVE, "running_loss_decay": UNIT, "max_steps_per_event": AT_LEAST_ONE,
+    }  # fmt: skip
 
     epsilon: float = 0.05
     q_init: float = 10.0

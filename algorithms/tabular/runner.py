@@ -7,20 +7,22 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import gymnasium as gym
 from tqdm.auto import tqdm
 
-from algorithms.common.config import as_plain_dict, build_dataclasses
+from algorithms.common.config import as_plain_dict, build_dataclasses, make_env
 from algorithms.common.convergence import ConvergenceTracker, EpisodeRunConfig
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.run_context import RunContext
 from algorithms.common.scalar_writer import ScalarWriter
+from algorithms.common.validation import AT_LEAST_ONE
 from algorithms.registry import get_algo, load_object
 from algorithms.tabular.base import TabularAgent
 
 
 @dataclass
 class TabularRunConfig(EpisodeRunConfig):
+    RANGES = {"log_interval": AT_LEAST_ONE}
+
     log_interval: int = 1
 
 
@@ -36,6 +38,7 @@ def _classes(algo: str) -> tuple[type[TabularAgent], type]:
 def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
     agent_cls, config_cls = _classes(algo)
     run_cfg, agent_cfg = build_dataclasses(mapping, [TabularRunConfig, config_cls], owner=f"algo {algo!r}")
+    make_env(env_id, run_cfg.env_kwargs, disable_env_checker=True).close()  # bad env_kwargs fail before the log dir exists
     return as_plain_dict(run_cfg, agent_cfg)
 
 
@@ -43,7 +46,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     agent_cls, config_cls = _classes(ctx.algo)
     run_cfg, agent_cfg = build_dataclasses(ctx.hyperparams, [TabularRunConfig, config_cls], owner=f"algo {ctx.algo!r}")
     # The passive env checker only inspects the first reset and step; the env tests run the full checkers.
-    env = gym.make(ctx.env_id, disable_env_checker=True, **run_cfg.env_kwargs)
+    env = make_env(ctx.env_id, run_cfg.env_kwargs, disable_env_checker=True)
     names = tuple(getattr(env.unwrapped, "component_names", ()) or ()) or None
     agent = agent_cls(env.observation_space, env.action_space, agent_cfg, ctx.seed, component_names=names)
     tracker = ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold)

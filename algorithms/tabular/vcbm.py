@@ -23,6 +23,15 @@ from typing import Any, Callable
 
 import numpy as np
 
+from algorithms.common.validation import (
+    AT_LEAST_ONE,
+    NON_NEGATIVE,
+    POSITIVE,
+    UNIT,
+    UNIT_POSITIVE,
+    Range,
+    Validated,
+)
 from algorithms.tabular.base import TabularAgent
 from vcbm_gym.credit.causal_roles import (
     ChangeStatistics,
@@ -35,8 +44,11 @@ from vcbm_gym.credit.welford import RegressionWelford, Welford, two_sample_z, z_
 
 
 @dataclass
-class VCBMRolesConfig:
+class VCBMRolesConfig(Validated):
     """Causal-role discovery (Eq. 9-10), shared by vcbm and vcbm+."""
+
+    RANGES = {"warmup_transitions": NON_NEGATIVE, "refresh_every": AT_LEAST_ONE, "eta_clock": UNIT_POSITIVE,
+              "z_thresh": NON_NEGATIVE}  # 0 is allowed: every component that ever changes counts as controlled
 
     warmup_transitions: int = 2000
     refresh_every: int = 500
@@ -47,6 +59,9 @@ class VCBMRolesConfig:
 @dataclass
 class VCBMConfig(VCBMRolesConfig):
     """Role discovery plus the paper's bookmark policy (Sec. IV-A4)."""
+
+    RANGES = {"forced_visits": NON_NEGATIVE, "n_min": NON_NEGATIVE, "z_action": NON_NEGATIVE, "epsilon_start": UNIT,
+              "epsilon_decay": UNIT_POSITIVE, "epsilon_min": UNIT}
 
     forced_visits: int = 60
     n_min: int = 8
@@ -273,6 +288,8 @@ class VCBMAgent(TabularAgent):
 @dataclass
 class VCBMPlusConfig(VCBMRolesConfig):
     """Role discovery as in vcbm; the bookmark policy of `bookmark_action_plus`."""
+
+    RANGES = {"n_min": Range(2), "z_decide": POSITIVE, "epsilon_min": UNIT}  # two visits give a standard error
 
     n_min: int = 8
     z_decide: float = 3.0

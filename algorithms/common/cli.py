@@ -1,0 +1,105 @@
+"""What every command-line tool shares: one `error:` line and exit code 2 for bad input, output
+paths checked before any work, atomic file writes, seed checks.
+
+`main(run, argv)` is the only place that turns exceptions into exit codes, so the four CLIs
+(train, compare, credit_fidelity, evaluate) cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Sequence
+
+from algorithms.common.errors import Stopped, VcbmGymError
+
+MAX_SEED = 2**32 - 1  # numpy's SeedSequence accepts more, but SB3 and torch seeds are 32/64-bit
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's usage dump on a bad command line becomes one VcbmGymError line."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise VcbmGymError(f"{message} (see {self.prog} --help)")
+
+
+def main(run: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> int:
+    """Run a CLI's `run(argv)`; bad input -> one `error:` line and 2; a stop -> one line and 128 + signal."""
+    try:
+        run(list(sys.argv[1:] if argv is None else argv))
+    except Stopped as stop:
+        print(f"stopped: {stop}", file=sys.stderr)
+        return stop.exit_code
+    except KeyboardInterrupt:
+        print("stopped: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
+    except VcbmGymError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def check_seed(seed: int, option: str = "--seed") -> int:
+    if not 0 <= seed <= MAX_SEED:
+        raise VcbmGymError(f"{option} {seed}: expected an integer in [0, {MAX_SEED}]")
+    return seed
+
+
+def check_int(value: int, option: str, lo: int, hi: int | None = None) -> int:
+    if value < lo or (hi is not None and value > hi):
+        expected = f">= {lo:,}" if hi is None else f"in [{lo:,}, {hi:,}]"
+        raise VcbmGymError(f"{option} {value}: expected an integer {expected}")
+    return value
+
+
+def output_dir(path: str | Path, option: str) -> Path:
+    """Create `path` (and parents) and prove it writable, before any work that would be lost."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise VcbmGymError(f"{option} {str(path)!r} is a file: expected a directory (new or existing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        # a real write: os.access says yes to root even on a read-only mount
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise VcbmGymError(
+            f"{option} {str(path)!r} cannot be written ({exc.strerror or exc}): expected a writable directory"
+        ) from None
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write to a temporary name beside `path`, then rename: readers see the old file or the new, never half."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: str | Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, default=str))
+
+
+def read_json_object(path: str | Path, what: str) -> dict[str, Any]:
+    """A JSON file that must hold an object; binary, truncated or non-object content is one clear error."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise VcbmGymError(f"{what} {str(path)!r} is not readable JSON ({type(exc).__name__}): expected a JSON object") from None
+    if not isinstance(data, dict) or not data:
+        raise VcbmGymError(f"{what} {str(path)!r} holds {json.dumps(data)[:40]}: expected a non-empty JSON object")
+    return data
