@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -74,9 +75,7 @@ def _one_run(argv: list[str], log_dir: str) -> dict:
 
     from algorithms.train import run
 
-    log.mkdir(parents=True, exist_ok=True)
-    for stale in ("summary.json", "history.json"):  # never let an old result stand beside a new request
-        (log / stale).unlink(missing_ok=True)
+    shutil.rmtree(log, ignore_errors=True)  # never let an old result stand beside a new request
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         run(argv)
     tmp = request.with_name(".request.json.tmp")
@@ -132,7 +131,7 @@ def summarise(histories: dict, window: int) -> dict:
 def table(results: dict, window: int, wall_s: float) -> str:
     lines = [
         "| setting | noise | method | seeds at 90% | iterations to 90% (per seed, * censored) | final optimal rate "
-        "(mean of last {w}) | s / iteration |".format(w=window),
+        f"(mean of last {window}) | s / iteration |",
         "|---|---|---|---|---|---|---|",
     ]
     for setting, r in results.items():

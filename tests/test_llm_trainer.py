@@ -125,13 +125,27 @@ def test_vcbm_loop_trains_logs_and_resumes_to_the_same_metrics(tmp_path):
     # the trainer's log-probs of the generated tokens match the rollout's: the sequence is built right
     assert full["final_max_sampling_logprob_diff"] < 1e-4
 
-    # a run killed after iteration 2, then resumed from its checkpoint
-    run(common + ["--iterations", "2", "--log-dir", str(tmp_path / "killed")])
-    resumed = run(common + ["--iterations", "3", "--resume", "--log-dir", str(tmp_path / "killed")])
+    # the same run killed after iteration 2's checkpoint (what a kill leaves: no later checkpoint, no
+    # summary), then resumed: it ends with exactly the same metrics
+    import shutil
+
+    killed = tmp_path / "killed"
+    shutil.copytree(tmp_path / "full", killed)
+    shutil.rmtree(killed / "checkpoints" / "checkpoint-6")
+    for name in ("summary.json", "history.json"):
+        (killed / name).unlink()
+    resumed = run(common + ["--iterations", "3", "--resume", "--log-dir", str(killed)])
     assert resumed["resumed_from"].endswith("checkpoint-4")
     finals = {k: v for k, v in full.items() if k.startswith("final_")}
     assert finals and finals == {k: v for k, v in resumed.items() if k.startswith("final_")}
-    assert json.loads((tmp_path / "killed" / "summary.json").read_text())["final_iteration"] == 3
+    assert json.loads((killed / "summary.json").read_text())["final_iteration"] == 3
+    # config.yml records the flags that ran, and a different budget is another config: refused
+    import yaml
+
+    recorded = yaml.safe_load((killed / "config.yml").read_text())["hyperparams"]
+    assert recorded["model"] == "tiny-random" and recorded["iterations"] == 3 and recorded["checkpoint_every"] == 1
+    with pytest.raises(Exception, match="another config"):
+        run(common + ["--iterations", "4", "--resume", "--log-dir", str(killed)])
 
 
 @pytest.mark.slow
@@ -178,9 +192,10 @@ def test_scripted_rollout_records_the_decision_and_truncates_only_the_model_cont
 def test_empo_effect_ratio_sharing_smoke_run_logs_cell_coverage(tmp_path):
     # K = 24 rollouts of one task share the turn-0 prompt; equal parsed actions there form EMPO cells
     # (about a third of the random tiny model's turns name one of 4 tools). One micro-batch keeps cells whole.
-    summary = run(["--algo", "loop", "--env", "TextWatchRepair-v0", "--model", "tiny", "--no-progress",
+    summary = run(["--algo", "loop", "--env", "TextWatchRepair-v0", "--model", "tiny-random", "--no-progress",
                    "--iterations", "1", "--ratio-sharing", "effect", "--log-dir", str(tmp_path), "--hyperparams",
-                   "num_generations=24", "generation_batch_size=24", "per_device_train_batch_size=24"])
+                   "num_generations=24", "generation_batch_size=24", "per_device_train_batch_size=24",
+                   "max_new_tokens_per_turn=16"])
     coverage = _scalars(tmp_path)["loop/empo_cell_coverage"]
     assert [step for step, _ in coverage] == [1]
     assert 0.0 < coverage[0][1] <= 1.0

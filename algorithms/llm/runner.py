@@ -132,16 +132,22 @@ def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _apply_flags(hp: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    hp = dict(hp)
-    for flag, key in (("model", "model"), ("iterations", "iterations"), ("checkpoint_every", "checkpoint_every"),
-                      ("ratio_sharing", "ratio_sharing")):
+def flag_hyperparams(args: argparse.Namespace) -> dict[str, Any]:
+    """The runner's flags as hyperparameters: `algorithms.train` folds them into the one resolved config
+    (so config.yml and the config hash record them) before anything runs."""
+    out: dict[str, Any] = {}
+    for flag in ("model", "iterations", "checkpoint_every", "ratio_sharing"):
         if getattr(args, flag, None) is not None:
-            hp[key] = getattr(args, flag)
+            out[flag] = getattr(args, flag)
     if getattr(args, "no_length_norm", False):
-        hp["length_norm"] = False
+        out["length_norm"] = False
     if getattr(args, "use_vllm", False):
-        hp["use_vllm"] = True
+        out["use_vllm"] = True
+    return out
+
+
+def _apply_flags(hp: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    hp = {**hp, **flag_hyperparams(args)}
     if hp["iterations"] < 1 or hp.get("checkpoint_every", 0) < 0:
         raise ConfigError(f"iterations={hp['iterations']}, checkpoint_every={hp.get('checkpoint_every')}: "
                           "expected iterations >= 1 and checkpoint_every >= 0")
