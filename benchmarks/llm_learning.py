@@ -56,8 +56,10 @@ TARGET = 0.9
 
 def _argv(setting: str, method: str, seed: int, iterations: int, log_dir: Path) -> list[str]:
     env_id, noise, _ = SETTINGS[setting]
+    # TextWatchRepair with 3 turns (decide, then 2 turns of transport) halves the time per iteration
+    # of its default 6 and changes nothing about the decision; the workshop keeps its 8 stations
     key = "max_turns" if env_id == "TextWatchRepair-v0" else "n_stations"
-    turns = 6 if env_id == "TextWatchRepair-v0" else 8
+    turns = 3 if env_id == "TextWatchRepair-v0" else 8
     return ["--algo", method, "--env", env_id, "--seed", str(seed), "--model", "tiny", "--iterations", str(iterations),
             "--no-progress", "--log-dir", str(log_dir), "--hyperparams", f"env_kwargs={{{key}: {turns}, noise_scale: {noise}}}"]
 

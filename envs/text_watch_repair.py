@@ -57,7 +57,8 @@ _TOOL_PATTERN = re.compile(r"\b(repair|skip|inspect|wait)\b", re.IGNORECASE)
 def parse_action(text: str) -> str:
     """The canonical tool of an answer: the last tool name it mentions, or "invalid"."""
     found = _TOOL_PATTERN.findall(text or "")
-    return found[-1].lower() if found else "invalid"
+    # casefold, not lower: IGNORECASE matches 'ſkip' (long s), whose lower() is not 'skip'
+    return found[-1].casefold() if found else "invalid"
 
 
 def _printable(text: str, limit: int = 80) -> str:
@@ -65,26 +66,17 @@ def _printable(text: str, limit: int = 80) -> str:
     return clean[:limit] + ("..." if len(clean) > limit else "")
 
 
-class TextWatchRepairEnv(gym.Env):
-    """Watch repair as text: observation and action are strings (gymnasium.spaces.Text)."""
+class WatchTextEnv(gym.Env):
+    """What the watch text envs share: the watch-repair law, text spaces, reward and noise scales."""
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
 
-    def __init__(
-        self,
-        max_turns: int = 6,
-        reward_scale: float = 0.1,
-        noise_scale: float = 1.0,
-        render_mode: str | None = None,
-        **params: Any,
-    ):
-        if int(max_turns) < 2:
-            raise ValueError(f"max_turns={max_turns}: expected an integer >= 2 (a decision and a later turn)")
+    def __init__(self, reward_scale: float, noise_scale: float, render_mode: str | None, params: dict[str, Any]):
         if not (math.isfinite(reward_scale) and reward_scale > 0):
             raise ValueError(f"reward_scale={reward_scale}: expected a positive finite number")
         if not (math.isfinite(noise_scale) and noise_scale >= 0):
             raise ValueError(f"noise_scale={noise_scale}: expected a finite number >= 0 (1 is the paper's noise)")
-        self.max_turns, self.reward_scale, self.noise_scale = int(max_turns), float(reward_scale), float(noise_scale)
+        self.reward_scale, self.noise_scale = float(reward_scale), float(noise_scale)
         self.dynamics = WatchRepairDynamics(WatchRepairParams(**params))
         self.params = self.dynamics.params
         if self.params.n_brands > len(BRAND_NAMES):
@@ -96,6 +88,28 @@ class TextWatchRepairEnv(gym.Env):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r}: expected one of {self.metadata['render_modes']}")
         self.render_mode = render_mode
+
+    def scaled_return(self, realised: float, repaired: bool, brand: int) -> float:
+        """E[G | brand, decision] + noise_scale * (G - E[G | brand, decision])."""
+        expected = float(self._expected_repair[brand]) if repaired else 0.0
+        return expected + self.noise_scale * (realised - expected)
+
+
+class TextWatchRepairEnv(WatchTextEnv):
+    """Watch repair as text: observation and action are strings (gymnasium.spaces.Text)."""
+
+    def __init__(
+        self,
+        max_turns: int = 6,
+        reward_scale: float = 0.1,
+        noise_scale: float = 1.0,
+        render_mode: str | None = None,
+        **params: Any,
+    ):
+        if int(max_turns) < 2:
+            raise ValueError(f"max_turns={max_turns}: expected an integer >= 2 (a decision and a later turn)")
+        super().__init__(reward_scale, noise_scale, render_mode, params)
+        self.max_turns = int(max_turns)
         self._state: np.ndarray | None = None
         self._decision: str | None = None
         self._turn = 0
@@ -192,9 +206,7 @@ class TextWatchRepairEnv(gym.Env):
         return f"In transport for {n} hours: {bumps} minor bumps, {drops} drops."
 
     def _final_return(self) -> float:
-        """The realised return with its deviation from E[G | brand, decision] scaled by noise_scale."""
-        expected = float(self._expected_repair[self._brand]) if self._decision == "repair" else 0.0
-        return expected + self.noise_scale * (self._reward - expected)
+        return self.scaled_return(self._reward, self._decision == "repair", self._brand)
 
     def _inspection(self) -> str:
         b, p = self._brand, self.params

@@ -31,17 +31,13 @@ missed decision counts as a failure). The last three are for evaluation only.
 
 from __future__ import annotations
 
-import math
 import re
-import string
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
 
-from envs.text_watch_repair import BRAND_NAMES, MAX_TEXT, _printable
-from envs.watch_repair import KEEP, REPAIR, WatchRepairDynamics, WatchRepairParams
+from envs.text_watch_repair import BRAND_NAMES, WatchTextEnv, _printable
+from envs.watch_repair import KEEP, REPAIR
 
 MOVEMENT = "movement"
 MOVEMENT_TOOLS = ("repair", "skip")
@@ -65,14 +61,12 @@ _TOOL_PATTERN = re.compile(r"\b(" + "|".join(TOOL_NAMES) + r")\b", re.IGNORECASE
 
 def parse_station_action(text: str, tools: tuple[str, ...]) -> str:
     """The last of `tools` named in the answer, or "invalid"."""
-    found = [t.lower() for t in _TOOL_PATTERN.findall(text or "") if t.lower() in tools]
+    found = [t.casefold() for t in _TOOL_PATTERN.findall(text or "") if t.casefold() in tools]
     return found[-1] if found else "invalid"
 
 
-class TextWatchWorkshopEnv(gym.Env):
+class TextWatchWorkshopEnv(WatchTextEnv):
     """Service stations as text turns; only the movement station's decision sets the return."""
-
-    metadata = {"render_modes": ["ansi"], "render_fps": 1}
 
     def __init__(
         self,
@@ -84,23 +78,8 @@ class TextWatchWorkshopEnv(gym.Env):
     ):
         if not isinstance(n_stations, (int, np.integer)) or not 2 <= n_stations <= len(COSMETIC_STATIONS) + 1:
             raise ValueError(f"n_stations={n_stations!r}: expected an integer in [2, {len(COSMETIC_STATIONS) + 1}]")
-        if not (math.isfinite(reward_scale) and reward_scale > 0):
-            raise ValueError(f"reward_scale={reward_scale}: expected a positive finite number")
-        if not (math.isfinite(noise_scale) and noise_scale >= 0):
-            raise ValueError(f"noise_scale={noise_scale}: expected a finite number >= 0 (1 is the paper's noise)")
-        self.n_stations, self.reward_scale, self.noise_scale = int(n_stations), float(reward_scale), float(noise_scale)
-        self.max_turns = self.n_stations  # one station per turn
-        self.dynamics = WatchRepairDynamics(WatchRepairParams(**params))
-        self.params = self.dynamics.params
-        if self.params.n_brands > len(BRAND_NAMES):
-            raise ValueError(f"{self.params.n_brands} brands: expected at most {len(BRAND_NAMES)}")
-        self._optimal = self.params.optimal_first_action()
-        self._expected_repair = self.params.expected_repair_return()
-        self.observation_space = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=string.printable)
-        self.action_space = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=string.printable)
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode={render_mode!r}: expected one of {self.metadata['render_modes']}")
-        self.render_mode = render_mode
+        super().__init__(reward_scale, noise_scale, render_mode, params)
+        self.n_stations = self.max_turns = int(n_stations)  # one station per turn
         self._stations: list[str] = []
         self._turn = self.n_stations
         self._decision: str | None = None
@@ -186,8 +165,7 @@ class TextWatchWorkshopEnv(gym.Env):
         brand, first = self._state[:, 3], np.array([REPAIR])
         _, rewards = self.dynamics.rollout(brand, first, self.dynamics.draw([self.np_random], brand, first))
         total = float(rewards.sum())
-        expected = float(self._expected_repair[self._brand])
-        return expected + self.noise_scale * (total - expected)
+        return self.scaled_return(total, True, self._brand)
 
     def _outcome(self, reward: float) -> str:
         brand = BRAND_NAMES[self._brand]

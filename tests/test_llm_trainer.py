@@ -11,7 +11,7 @@ pytest.importorskip("peft")
 import gymnasium as gym  # noqa: E402
 
 import vcbm_gym  # noqa: E402, F401
-from algorithms.common.errors import ConfigError  # noqa: E402
+from algorithms.common.errors import ConfigError, VcbmGymError  # noqa: E402
 from algorithms.llm.prompting import BLANKED, initial_messages, prompt_chars, truncate_messages  # noqa: E402
 from algorithms.llm.rollout import Episode, hf_generate, play_episodes  # noqa: E402
 from algorithms.llm.tiny import build_tiny  # noqa: E402
@@ -134,11 +134,22 @@ def test_vcbm_loop_trains_logs_and_resumes_to_the_same_metrics(tmp_path):
     shutil.rmtree(killed / "checkpoints" / "checkpoint-6")
     for name in ("summary.json", "history.json"):
         (killed / name).unlink()
+    (killed / "checkpoints" / "checkpoint-99").mkdir()  # cut short before its files: never resumed from
+    broken = tmp_path / "broken"
+    shutil.copytree(killed, broken)
     resumed = run(common + ["--iterations", "3", "--resume", "--log-dir", str(killed)])
     assert resumed["resumed_from"].endswith("checkpoint-4")
     finals = {k: v for k, v in full.items() if k.startswith("final_")}
     assert finals and finals == {k: v for k, v in resumed.items() if k.startswith("final_")}
     assert json.loads((killed / "summary.json").read_text())["final_iteration"] == 3
+    # a checkpoint whose episodic memory holds NaN (or is cut short) is refused with one line
+    memory_file = broken / "checkpoints" / "checkpoint-4" / "vcbm_memory.npz"
+    with np.load(memory_file) as data:
+        memory = {k: data[k] for k in data.files}
+    memory["returns"] = np.full_like(memory["returns"], np.nan)
+    np.savez(memory_file, **memory)
+    with pytest.raises(VcbmGymError, match="unreadable episodic memory"):
+        run(common + ["--iterations", "3", "--resume", "--log-dir", str(broken)])
     # config.yml records the flags that ran, and a different budget is another config: refused
     import yaml
 

@@ -115,3 +115,11 @@ def test_text_watch_repair_counts_an_undecided_episode_as_a_failure():
         _, reward, terminated, _, info = env.step("wait()")
     assert terminated and reward == 0.0
     assert info["task_goal_completion"] == 0.0 and info["first_decision_optimal"] is False
+
+
+def test_a_long_s_parses_to_the_documented_tool_name():
+    from envs.text_watch_repair import parse_action
+    from envs.text_watch_workshop import parse_station_action
+
+    assert parse_action("\u017fkip()") == "skip"  # 'ſkip': IGNORECASE matches it, lower() would keep the 'ſ'
+    assert parse_station_action("\u017fkip()", ("repair", "skip")) == "skip"

@@ -192,9 +192,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from datasets import Dataset
     from peft import LoraConfig
     from torch.utils.tensorboard import SummaryWriter
-    from transformers.trainer_utils import get_last_checkpoint
 
-    from algorithms.llm.trainer import LoopTrainer, MultiTurnGRPOTrainer
+    from algorithms.llm.trainer import LoopTrainer, MultiTurnGRPOTrainer, latest_complete_checkpoint
 
     hp = _apply_flags(ctx.hyperparams, ctx.args)
     log_dir = Path(ctx.log_dir)
@@ -237,9 +236,11 @@ def run(ctx: RunContext) -> dict[str, Any]:
         env_kwargs=run_cfg.env_kwargs, peft_config=peft_config, writer=writer,
     )
     initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
-    checkpoint = get_last_checkpoint(str(ckpt_dir)) if getattr(ctx.args, "resume", False) and ckpt_dir.is_dir() else None
-    if getattr(ctx.args, "resume", False) and checkpoint is None:
-        raise VcbmGymError(f"--resume: no checkpoint in {str(ckpt_dir)!r}; expected a run started with --checkpoint-every")
+    resume = getattr(ctx.args, "resume", False)
+    checkpoint = latest_complete_checkpoint(ckpt_dir) if resume and ckpt_dir.is_dir() else None
+    if resume and checkpoint is None:
+        raise VcbmGymError(f"--resume: no complete checkpoint in {str(ckpt_dir)!r}; expected a run started with "
+                           "--checkpoint-every that saved at least once")
     if checkpoint is not None and hasattr(trainer, "load_loop_checkpoint"):
         trainer.load_loop_checkpoint(checkpoint)
     try:

@@ -33,6 +33,7 @@ import copy
 import hashlib
 import json
 import math
+import os
 import time
 from collections import defaultdict, deque
 from pathlib import Path
@@ -44,7 +45,7 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from algorithms.common.errors import ConfigError
+from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.llm.config import LoopConfig
 from algorithms.llm.rollout import Episode, hf_generate, play_episodes
 from algorithms.registry import load_object
@@ -54,6 +55,7 @@ from vcbm_gym.credit.vcbm_blend import VCBMBlendRule, blend
 
 MEMORY_FILE = "vcbm_memory.npz"
 LOOP_STATE_FILE = "loop_state.json"
+COMPLETE_MARKER = "loop_checkpoint_complete"  # written last: a checkpoint without it was cut short
 
 
 def kl_old_new(logp_old: torch.Tensor, logp_new: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -284,6 +286,16 @@ def task_goal_completion(last_infos: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def latest_complete_checkpoint(folder: str | Path) -> str | None:
+    """The newest checkpoint-N under `folder` that carries the completion marker (None if none does)."""
+    found = []
+    for path in Path(folder).glob("checkpoint-*"):
+        step = path.name.removeprefix("checkpoint-")
+        if step.isdigit() and (path / COMPLETE_MARKER).is_file():
+            found.append((int(step), str(path)))
+    return max(found)[1] if found else None
+
+
 def check_turn_limits(trainer_max_turns: int, env: gym.Env, env_id: str) -> None:
     """Refuse a trainer turn limit below the env's: every episode would be cut before its reward."""
     core = env.unwrapped
@@ -298,17 +310,8 @@ def check_turn_limits(trainer_max_turns: int, env: gym.Env, env_id: str) -> None
 class LoopTrainer(MultiTurnGRPOTrainer):
     """MultiTurnGRPOTrainer with LOOP's per-token LOO / VCBM-blend advantages and PPO-clip loss."""
 
-    def __init__(
-        self,
-        model,
-        args: LoopConfig,
-        train_dataset,
-        processing_class,
-        env_id: str,
-        env_kwargs: dict[str, Any] | None = None,
-        peft_config=None,
-        writer=None,
-    ) -> None:
+    def __init__(self, model, args: LoopConfig, *trainer_args, **trainer_kwargs) -> None:
+        """As MultiTurnGRPOTrainer; `args` carries the LOOP / VCBM settings."""
         self.credit_rule = VCBMBlendRule(
             beta=args.vcbm_beta, tau=args.vcbm_tau, top_k=args.vcbm_top_k, alpha=args.vcbm_alpha,
             dim=args.vcbm_embed_dim, memory_capacity=args.memory_capacity, few_bookmarks=args.vcbm_few_bookmarks,
@@ -320,7 +323,7 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         self._aborted = False
         self._snapshot: dict[str, Any] | None = None
         self._empo_rng = np.random.default_rng(args.seed)
-        super().__init__(model, args, train_dataset, processing_class, env_id, env_kwargs, peft_config, writer)
+        super().__init__(model, args, *trainer_args, **trainer_kwargs)
 
     # --- per-token advantages ----------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
@@ -485,18 +488,31 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         if self.args.should_save:
             folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
             memory = self.credit_rule.state_dict()["memory"]
-            np.savez(folder / MEMORY_FILE, **{k: np.asarray(v if v is not None else -1) for k, v in memory.items()})
-            (folder / LOOP_STATE_FILE).write_text(json.dumps(self.loop_state_dict()))
+            with open(folder / f".{MEMORY_FILE}.tmp", "wb") as f:
+                np.savez(f, **{k: np.asarray(v if v is not None else -1) for k, v in memory.items()})
+            os.replace(folder / f".{MEMORY_FILE}.tmp", folder / MEMORY_FILE)
+            (folder / f".{LOOP_STATE_FILE}.tmp").write_text(json.dumps(self.loop_state_dict()))
+            os.replace(folder / f".{LOOP_STATE_FILE}.tmp", folder / LOOP_STATE_FILE)
+            (folder / COMPLETE_MARKER).write_text("")
 
     def load_loop_checkpoint(self, folder: str | Path) -> None:
         """Restore the episodic memory and counters saved beside a TRL checkpoint."""
         folder = Path(folder)
-        with np.load(folder / MEMORY_FILE) as data:
-            memory = {k: data[k] for k in data.files}
+        try:
+            with np.load(folder / MEMORY_FILE) as data:
+                memory = {k: data[k] for k in data.files}
+            state = json.loads((folder / LOOP_STATE_FILE).read_text())
+            n = len(memory["turn_idx"])
+            if not (len(memory["embeddings"]) == len(memory["returns"]) == n):
+                raise ValueError(f"{n} turn indices, {len(memory['embeddings'])} embeddings, {len(memory['returns'])} returns")
+            if not (np.isfinite(memory["embeddings"]).all() and np.isfinite(memory["returns"]).all()):
+                raise ValueError("non-finite embeddings or returns")
+        except (OSError, ValueError, KeyError, EOFError) as exc:  # zip and JSON errors are ValueErrors too
+            raise VcbmGymError(f"checkpoint {str(folder)!r}: unreadable episodic memory or loop state ({exc}); "
+                               "expected the files a completed checkpoint writes") from None
         capacity = int(memory["capacity"])
         memory["capacity"] = None if capacity < 0 else capacity
         self.credit_rule.load_state_dict({"memory": memory})
-        state = json.loads((folder / LOOP_STATE_FILE).read_text())
         self.outlier_grad_events = state["outlier_grad_events"]
         self.aborted_iterations = state["aborted_iterations"]
         self._grad_norms.extend(state["grad_norms"])
