@@ -157,6 +157,10 @@ def test_vcbm_loop_trains_logs_and_resumes_to_the_same_metrics(tmp_path):
     assert recorded["model"] == "tiny-random" and recorded["iterations"] == 3 and recorded["checkpoint_every"] == 1
     with pytest.raises(Exception, match="another config"):
         run(common + ["--iterations", "4", "--resume", "--log-dir", str(killed)])
+    # and rerunning from that config.yml alone (no flags) gives the same run
+    again = run(["--algo", "vcbm-loop", "--env", "TextWatchRepair-v0", "--config", str(killed / "config.yml"),
+                 "--no-progress", "--log-dir", str(tmp_path / "again")])
+    assert {k: v for k, v in again.items() if k.startswith("final_")} == finals
 
 
 @pytest.mark.slow
