@@ -147,8 +147,9 @@ def table(results: dict, window: int, wall_s: float) -> str:
     for setting, r in results.items():
         if "mann_whitney_vcbm_vs_loop" in r:
             mw = r["mann_whitney_vcbm_vs_loop"]
+            p = "undefined (every value tied)" if mw["p"] is None else f"{mw['p']:.3g}"
             lines.append(f"- {setting}: Mann-Whitney U (vcbm-loop vs loop, iterations to 90%, censored at the budget) "
-                         f"U = {mw['U']}, p = {mw['p']:.3g}")
+                         f"U = {mw['U']}, p = {p}")
     lines.append(f"- wall time {wall_s / 60:.1f} min")
     return "\n".join(lines) + "\n"
 
