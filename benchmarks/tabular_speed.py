@@ -195,11 +195,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         # warm-up: the first train.run imports the runner and the event-file protobufs
         run(["--algo", "vcbm", "--env", "WatchRepair-v0", "--seed", "0", "--log-dir", f"{tmp}/w", "--no-progress", "--max-episodes", "3"])
-        for _ in range(args.repeats):  # seed by seed, project then plain, so both see the same load
+        for repeat in range(args.repeats):  # seed by seed, project then plain, so both see the same load
             single.append(0.0)
             reference.append(0.0)
             for k in seeds:
-                argv = ["--algo", "vcbm", "--env", "WatchRepair-v0", "--seed", str(k), "--log-dir", f"{tmp}/s{k}", "--no-progress"]
+                argv = ["--algo", "vcbm", "--env", "WatchRepair-v0", "--seed", str(k), "--log-dir", f"{tmp}/r{repeat}/s{k}", "--no-progress"]
                 t, summary = cpu(run, argv)
                 single[-1] += t
                 project_eps[k] = summary["episodes_to_converge"]
