@@ -38,6 +38,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from algorithms.common import cli  # noqa: E402
+
 # name -> (env id, noise_scale, iterations)
 SETTINGS = {
     "twr-low": ("TextWatchRepair-v0", 0.25, 60),
@@ -80,9 +82,7 @@ def _one_run(argv: list[str], log_dir: str) -> dict:
     shutil.rmtree(log, ignore_errors=True)  # never let an old result stand beside a new request
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         run(argv)
-    tmp = request.with_name(".request.json.tmp")
-    tmp.write_text(json.dumps(argv))
-    os.replace(tmp, request)  # written last: a run is complete only with its request record
+    cli.atomic_write_text(request, json.dumps(argv))  # written last: a run is complete only with its request record
     return {"history": json.loads((log / "history.json").read_text()), "reused": False}
 
 
@@ -223,9 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - start
     results = summarise(histories, args.window)
     payload = {"settings": results, "seeds": args.seeds, "window": args.window, "target": TARGET, "wall_time_s": wall}
-    tmp = out / ".results.json.tmp"
-    tmp.write_text(json.dumps(payload, indent=1))
-    os.replace(tmp, out / "results.json")
+    cli.atomic_write_json(out / "results.json", payload)
     (out / "results.md").write_text(table(results, args.window, wall))
     plot(results, out / "curves.png")
     print((out / "results.md").read_text())

@@ -32,6 +32,7 @@ from typing import Any
 
 import yaml
 
+from algorithms.common import cli
 from algorithms.common.config import as_plain_dict, build_dataclasses
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.run_context import RunContext
@@ -176,15 +177,6 @@ def _model_and_tokenizer(name: str, seed: int, bf16: bool):
     return model, tokenizer
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
-    """The per-iteration metrics, written whole or not at all (a benchmark reads them back)."""
-    import json
-
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
 def run(ctx: RunContext) -> dict[str, Any]:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import numpy as np
@@ -249,7 +241,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         writer.close()
         torch.set_num_threads(previous_threads)
     trainer.save_model(str(log_dir / ("model" if full else "adapter")))
-    _write_json_atomic(log_dir / "history.json", trainer.history)
+    cli.atomic_write_json(log_dir / "history.json", trainer.history)  # a benchmark reads it back
     delta = sum(float((p.detach() - initial[n]).pow(2).sum()) for n, p in trainer.model.named_parameters() if n in initial)
     final = trainer.history[-1] if trainer.history else {}
     memory = getattr(trainer, "credit_rule", None)

@@ -45,6 +45,7 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from algorithms.common import cli
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.llm.config import LoopConfig
 from algorithms.llm.rollout import Episode, hf_generate, play_episodes
@@ -207,7 +208,8 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         self._begin_iteration()
         output = super()._generate_and_score_completions(inputs)
-        self._record_rollouts(self._episodes, output)
+        batch = episode_batch(self._episodes, output["completion_ids"].shape[1])
+        self._record_rollouts(self._episodes, batch, output["advantages"])
         return output
 
     # --- iteration bookkeeping ---------------------------------------------------------------
@@ -217,21 +219,19 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         self._iter_stats = defaultdict(float)
         self._iter_start = time.perf_counter()
 
-    def _record_rollouts(self, episodes: list[Episode], output: dict[str, Any]) -> None:
+    def _record_rollouts(self, episodes: list[Episode], batch: EpisodeBatch, advantages: torch.Tensor) -> None:
         s = self._iter_stats
         s["mean_return"] = float(np.mean([e.episode_return for e in episodes]))
         s["mean_output_tokens"] = float(np.mean([e.n_generated for e in episodes]))
         turns = [x for e in episodes for x in e.effects]
         s["invalid_turn_rate"] = float(np.mean([x == "invalid" for x in turns])) if turns else 0.0
         # advantage mass on deciding turns (evaluation-only `is_decision_turn`), as the loss sees it
-        width = output["completion_ids"].shape[1]
-        batch = episode_batch(episodes, width)
-        decision = np.zeros((len(episodes), width), bool)
+        decision = np.zeros(batch.mask.shape, bool)
         for b, e in enumerate(episodes):
             for t, flag in enumerate(e.decision_turns):
                 if flag:
                     decision[b] |= batch.step_turn[b] == t
-        advantages = output["advantages"].detach().float().cpu().numpy()
+        advantages = advantages.detach().float().cpu().numpy()
         if advantages.ndim == 1:
             advantages = advantages[:, None] * batch.mask
         s["decision_advantage_mass"] = decision_advantage_mass(advantages, batch.mask, decision)
@@ -339,7 +339,7 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         output["turn_ids"] = torch.as_tensor(batch.step_turn, device=device)
         if self.args.ratio_sharing != "none":
             output["cell_ids"] = torch.as_tensor(self._cells(episodes), device=device)
-        self._record_rollouts(episodes, output)
+        self._record_rollouts(episodes, batch, output["advantages"])
         sampled, old = output.get("sampling_per_token_logps"), output.get("old_per_token_logps")
         if sampled is not None and old is not None:  # rollout engine vs trainer, on the generated tokens
             on = (output["completion_mask"] * output.get("tool_mask", 1)).bool() & ~torch.isnan(sampled)
@@ -491,8 +491,7 @@ class LoopTrainer(MultiTurnGRPOTrainer):
             with open(folder / f".{MEMORY_FILE}.tmp", "wb") as f:
                 np.savez(f, **{k: np.asarray(v if v is not None else -1) for k, v in memory.items()})
             os.replace(folder / f".{MEMORY_FILE}.tmp", folder / MEMORY_FILE)
-            (folder / f".{LOOP_STATE_FILE}.tmp").write_text(json.dumps(self.loop_state_dict()))
-            os.replace(folder / f".{LOOP_STATE_FILE}.tmp", folder / LOOP_STATE_FILE)
+            cli.atomic_write_text(folder / LOOP_STATE_FILE, json.dumps(self.loop_state_dict()))
             (folder / COMPLETE_MARKER).write_text("")
 
     def load_loop_checkpoint(self, folder: str | Path) -> None:
