@@ -28,6 +28,7 @@ from pathlib import Path
 from algorithms.common import cli
 from algorithms.common.cli import read_json_object
 from algorithms.common.errors import VcbmGymError
+from algorithms.llm.prompting import truncate_messages
 
 Policy = Callable[[str, list[dict]], str | None]  # (task_id, messages) -> code, None = stop
 
@@ -88,12 +89,6 @@ def model_policy(name: str, seed: int, max_new_tokens: int, max_prompt_chars: in
                 f"--model {name!r} could not be loaded ({first}); expected scripted:..., tiny, or a model path/name"
             ) from None
     model.eval()
-    try:
-        from algorithms.llm.prompting import truncate_messages
-    except ImportError:  # the trainer's helper is optional here
-
-        def truncate_messages(messages, max_chars):
-            return messages
 
     def policy(task_id: str, messages: list[dict]) -> str | None:
         prompt = tokenizer.apply_chat_template(

@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 
 from algorithms.common.validation import UNIT, UNIT_POSITIVE, Validated
-from algorithms.tabular.base import TabularAgent
-from algorithms.tabular.mc import epsilon_greedy
+from algorithms.tabular.base import TabularAgent, epsilon_greedy
 
 
 @dataclass

@@ -21,7 +21,7 @@ import numpy as np
 from gymnasium import spaces
 
 from algorithms.common.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT, UNIT_POSITIVE, Validated
-from algorithms.tabular.mc import FirstDecisionAgent
+from algorithms.tabular.base import FirstDecisionAgent
 from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.rudder import RudderCreditConfig, RudderLSTMConfig, RudderRule
 
