@@ -44,7 +44,10 @@ PACKAGES = ("numpy", "gymnasium", "stable-baselines3", "torch", "scipy", "pyyaml
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.ArgumentParser(prog="python -m algorithms.train", description=__doc__.splitlines()[0])
     parser.add_argument("--algo", required=True, help=f"one of: {', '.join(ALGOS)}")
-    parser.add_argument("--env", default="WatchRepair-v0", help=f"a registered env id, e.g. {', '.join(vcbm_gym.ENV_IDS)}")
+    parser.add_argument(
+        "--env", default="WatchRepair-v0",
+        help=f"a registered env id or module:id (the module registers it), e.g. {', '.join(vcbm_gym.ENV_IDS)}",
+    )
     parser.add_argument("--seed", type=int, default=0, help=f"in [0, {cli.MAX_SEED}]")
     parser.add_argument("--log-dir", default=None, help="default: runs/<algo>/<env>/seed<seed>")
     parser.add_argument("--config", default=None, help="YAML file of hyperparameters (flat, keyed by env id, or a run's config.yml)")
@@ -56,9 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_env_id(env_id: str) -> None:
-    if env_id not in gym.registry:
-        ours = ", ".join(vcbm_gym.ENV_IDS)
-        raise VcbmGymError(f"unknown env id {env_id!r}; expected a registered Gymnasium id such as: {ours}")
+    """A registered id, or Gymnasium's "module:EnvId" (the module is imported first: it registers the env)."""
+    module, _, name = env_id.rpartition(":")
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise VcbmGymError(f"--env {env_id!r}: module {module!r} cannot be imported ({exc}); "
+                               "expected an importable module that registers the env") from None
+    if name not in gym.registry:
+        ours = ", ".join(vcbm_gym.ENV_IDS + vcbm_gym.DELAYED_ENV_IDS)
+        raise VcbmGymError(f"unknown env id {env_id!r}; expected a registered Gymnasium id (or module:id) such as: {ours}")
 
 
 def _canonical(data: Any) -> str:

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 
+from envs.watch_repair import WatchRepairFeaturizer
 from vcbm_gym.credit.rudder import (
     AdamState,
     GatelessLSTM,
@@ -38,12 +39,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     cfg = RudderCreditConfig()
+    horizon, n_features = 50, WatchRepairFeaturizer().n_features  # WatchRepair-v0's episodes and features
     rng = np.random.default_rng(0)
-    buffer = LessonBuffer(cfg.buffer_capacity, cfg.horizon, cfg.n_features, seed=0)
+    buffer = LessonBuffer(cfg.buffer_capacity, horizon, n_features, seed=0)
     for _ in range(512):
-        buffer.add(rng.normal(size=(cfg.horizon, cfg.n_features)).astype(np.float32), float(rng.normal(0, 11)))
+        buffer.add(rng.normal(size=(horizon, n_features)).astype(np.float32), float(rng.normal(0, 11)))
     batches = [buffer.sample(cfg.batch_size) for _ in range(args.steps)]
-    reference = GatelessLSTM(cfg.n_features, cfg.hidden_size, seed=0).double()
+    reference = GatelessLSTM(n_features, cfg.hidden_size, seed=0).double()
 
     def torch_steps(forward_name: str) -> tuple[float, GatelessLSTM]:
         model = copy.deepcopy(reference)
@@ -77,7 +79,7 @@ def main() -> None:
         for other in (m2, m3)
         for a, b in zip(m1.parameters(), other.parameters())
     )
-    print(f"{args.steps} Adam steps, batch {cfg.batch_size} x {cfg.horizon} steps, {args.threads} thread(s)")
+    print(f"{args.steps} Adam steps, batch {cfg.batch_size} x {horizon} steps, {args.threads} thread(s)")
     print(f"torch autograd, step-by-step recurrence : {autograd_loop * 1e3:8.2f} ms/step  (1.00x)")
     print(f"torch autograd, hand BPTT Function      : {autograd_fn * 1e3:8.2f} ms/step  ({autograd_loop / autograd_fn:.2f}x faster)")
     print(f"numpy loss_and_gradients + adam_step    : {hand * 1e3:8.2f} ms/step  ({autograd_loop / hand:.2f}x faster)")

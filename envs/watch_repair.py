@@ -1,11 +1,15 @@
-"""WatchRepair: one decision at t=0 decides a return paid 50 steps later (SPEC section 1).
+"""WatchRepair: one decision at t=0 decides a return paid 50 steps later.
 
-The paper (000, Sec. V-A1) calls the repair-cost spreads [2, 2, 2, 1] and the transport spread
-1.5 *variances*, but the public RUDDER demonstration code that produced its numbers passes them to
-the normal sampler as *standard deviations*. The SPEC settles on standard deviations; so do we.
+The task of "Visual Causal-chain Bookmarking" (Selvakumar, 2026, arXiv:2610.24032, Sec. V-A1),
+built on the watch-repair demonstration of RUDDER (Arjona-Medina et al., 2019, arXiv:1806.07857).
+The paper calls the repair-cost spreads [2, 2, 2, 1] and the transport spread 1.5 *variances*,
+but the public RUDDER demonstration code that produced its numbers passes them to the normal
+sampler as *standard deviations*; we use standard deviations (docs/papers/vcbm.md, "WatchRepair").
 
 The dynamics are written once, over arrays of episodes (`WatchRepairDynamics`), and serve both the
 single `WatchRepairEnv` (a batch of one) and the numpy `WatchRepairVectorEnv`.
+`WatchRepairFeaturizer` is the per-step input RUDDER's LSTM reads on this task (the env offers it
+through `credit_featurizer()`, the env contract's hook).
 """
 
 from __future__ import annotations
@@ -201,11 +205,53 @@ def check_actions(actions: np.ndarray) -> None:
         )
 
 
+class WatchRepairFeaturizer:
+    """RUDDER's per-step input on WatchRepair: the state [flag, counter1, counter2, one-hot brand,
+    t / horizon] as a difference from the previous step (the first step raw), then the one-hot action:
+    3 + n_brands + 1 + n_actions features (10 on the paper's task). This is the input of the RUDDER
+    demonstration code the task comes from (docs/papers/vcbm.md, "RUDDER").
+    """
+
+    def __init__(self, horizon: int = 50, n_brands: int = 4, n_actions: int = 2) -> None:
+        for name, value in (("horizon", horizon), ("n_brands", n_brands), ("n_actions", n_actions)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name}={value!r}: expected an integer >= 1")
+        self.horizon, self.n_brands, self.n_actions = int(horizon), int(n_brands), int(n_actions)
+        self.n_features = 3 + self.n_brands + 1 + self.n_actions
+
+    def __call__(self, observations: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """(B, T, 5) observations and (B, T) actions -> (B, T, n_features) float32; one episode
+        ((T, 5), (T,)) gives (T, n_features)."""
+        obs, acts = np.asarray(observations), np.asarray(actions)
+        single = obs.ndim == 2
+        if single:
+            obs, acts = obs[None], acts[None]
+        if obs.ndim != 3 or obs.shape[-1] != 5 or acts.shape != obs.shape[:2]:
+            raise ValueError(f"observations {obs.shape} and actions {acts.shape}: expected (B, T, 5) and (B, T)")
+        brand = obs[..., 3].astype(np.int64)
+        if brand.min(initial=0) < 0 or brand.max(initial=0) >= self.n_brands:
+            raise ValueError(f"brand values outside [0, {self.n_brands - 1}] in the observations")
+        if acts.min(initial=0) < 0 or acts.max(initial=0) >= self.n_actions:
+            raise ValueError(f"action values outside [0, {self.n_actions - 1}]")
+        state = np.concatenate(
+            [
+                obs[..., :3].astype(np.float32),
+                np.eye(self.n_brands, dtype=np.float32)[brand],
+                obs[..., 4:5].astype(np.float32) / self.horizon,
+            ],
+            axis=-1,
+        )
+        diffs = np.diff(state, axis=1, prepend=np.zeros_like(state[:, :1]))
+        features = np.concatenate([diffs, np.eye(self.n_actions, dtype=np.float32)[acts.astype(np.int64)]], axis=-1)
+        return features[0] if single else features
+
+
 class WatchRepairEnv(gym.Env):
-    """The paper's watch-repair task as a Gymnasium env (SPEC section 1).
+    """The paper's watch-repair task as a Gymnasium env.
 
     `info` carries `brand`, `optimal_first_action` and, once the first decision is made,
-    `first_decision_optimal`: for evaluation only; agents must not learn from it.
+    `first_decision_optimal`; the last step also carries SB3's `is_success` (the same flag). All
+    are for evaluation only (the env contract, vcbm_gym/contract.py): agents must not learn from them.
     `reset(options={"brand": b})` fixes the brand of that episode.
     The first step draws the episode (`WatchRepairDynamics.draw`, `rollout`); later steps replay it.
     """
@@ -254,7 +300,14 @@ class WatchRepairEnv(gym.Env):
             "optimal_first_action": self._optimal[self._brand],
             "first_decision_optimal": self._first_action == self._optimal[self._brand],
         }
-        return self._states[t + 1].copy(), self._rewards[t], t + 1 >= self._horizon, False, info
+        terminated = t + 1 >= self._horizon
+        if terminated:
+            info["is_success"] = info["first_decision_optimal"]
+        return self._states[t + 1].copy(), self._rewards[t], terminated, False, info
+
+    def credit_featurizer(self) -> WatchRepairFeaturizer:
+        """The env contract's hook: RUDDER's WatchRepair input features for this env's constants."""
+        return WatchRepairFeaturizer(self._horizon, self.params.n_brands, int(self.action_space.n))
 
     def render(self):
         if self.render_mode == "ansi" and self._states is not None:
@@ -265,8 +318,10 @@ class WatchRepairEnv(gym.Env):
 class WatchRepairVectorEnv(VectorEnv):
     """`num_envs` watch-repair episodes stepped together in numpy (next-step autoreset).
 
-    Infos are dicts of arrays: `brand`, `optimal_first_action`, and `first_action`
-    (-1 before the first decision).
+    Infos are dicts of arrays in Gymnasium's vector layout: `brand`, `optimal_first_action`,
+    `first_action` (-1 before the first decision), and the single env's evaluation keys
+    `first_decision_optimal` (valid where its mask `_first_decision_optimal` is True: once decided)
+    and `is_success` (valid where `_is_success` is True: on the step that ends an episode).
 
     `reset(seed=k)` seeds one generator shared by all sub-envs; `reset(seed=[k_0, ..., k_{n-1}])`
     gives sub-env i its own generator, seeded as `WatchRepairEnv.reset(seed=k_i)` seeds it, so that
@@ -348,8 +403,20 @@ class WatchRepairVectorEnv(VectorEnv):
         t[live] += 1
         terminated = live & (t >= self.horizon)
         obs = self._states[np.arange(self.num_envs), t]
-        return obs, reward, terminated, np.zeros(self.num_envs, dtype=bool), self._infos(obs)
+        return obs, reward, terminated, np.zeros(self.num_envs, dtype=bool), self._infos(obs, terminated)
 
-    def _infos(self, obs: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    def _infos(self, obs: np.ndarray | None = None, ended: np.ndarray | None = None) -> dict[str, np.ndarray]:
         brand = (self._states[:, 0, 3] if obs is None else obs[:, 3]).copy()
-        return {"brand": brand, "optimal_first_action": self._optimal[brand], "first_action": self._first_action.copy()}
+        optimal = self._optimal[brand]
+        decided = self._first_action >= 0
+        correct = decided & (self._first_action == optimal)
+        ended = np.zeros(self.num_envs, dtype=bool) if ended is None else ended.copy()
+        return {
+            "brand": brand,
+            "optimal_first_action": optimal,
+            "first_action": self._first_action.copy(),
+            "first_decision_optimal": correct,
+            "_first_decision_optimal": decided,
+            "is_success": correct & ended,
+            "_is_success": ended,
+        }

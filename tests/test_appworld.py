@@ -18,7 +18,8 @@ gym = pytest.importorskip("gymnasium")
 
 import vcbm_gym  # noqa: E402,F401  (registers AppWorld-v0)
 from envs.appworld import synthetic  # noqa: E402  (plain Python: scenario ids and cells)
-from envs.appworld.env import AppWorldEnv, AppWorldServerError  # noqa: E402
+from envs.appworld.effect import code_effect  # noqa: E402
+from envs.appworld.env import AppWorldEnv, AppWorldServerError, code_from_action  # noqa: E402
 from envs.appworld.pool import CACHE_DIR, shared_pool  # noqa: E402
 
 
@@ -34,6 +35,17 @@ def appworld():
     root = ensure_synthetic_data(venv, CACHE_DIR / "appworld-test" / synthetic_stamp(2, 0))
     pool = shared_pool(venv, root)
     yield pool, root
+
+
+def test_code_effect_is_the_normalised_api_calls():
+    a = code_from_action("```python\n# log in first\ntoken = apis.spotify.login(username='a',  password=\"b\")\nprint(token)\n```")
+    b = "x=apis.spotify.login(username=\"a\", password='b')   # same call\nprint(x)"
+    assert code_effect(a) == code_effect(b) == "apis.spotify.login(username='a', password='b')"
+    c = "print(apis.venmo.show_balance(access_token=apis.venmo.login(u='q')))"
+    assert code_effect(c) == "apis.venmo.login(u='q'); apis.venmo.show_balance(access_token=apis.venmo.login(u='q'))"
+    assert code_effect("print( 'hi' )") == code_effect("print('hi')  # comment")
+    assert code_effect("def broken(:") is None
+    assert code_effect("   ") is None
 
 
 def dev_task(name: str) -> str:
@@ -68,6 +80,19 @@ def test_reference_script_gets_full_reward(appworld, scenario):
     assert all(r == 0.0 and not t for _, r, t, _, _ in middle)  # reward only at the end
     assert terminated and not truncated
     assert reward == 1.0 and last["success"] and last["num_passed"] == last["num_tests"]
+    env.close()
+
+
+def test_meets_the_env_contract_for_vcbm_loop_and_empo(appworld):
+    from vcbm_gym.contract import check_contract
+
+    pool, root = appworld
+    env = gym.make("AppWorld-v0", split="dev", server_pool=pool)
+    task_id = dev_task("create_note")
+    cells = iter(oracle_cells(root, task_id))
+    report = check_contract(env, needs=("vcbm-loop", "--ratio-sharing effect"), episodes=1,
+                            policy=lambda _obs: next(cells), reset_options={"task_id": task_id}, check_api=False)
+    assert {"state_mutating", "execution_output", "effect", "is_success"} <= report.reported
     env.close()
 
 

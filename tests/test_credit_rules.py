@@ -26,7 +26,7 @@ def _importable(name: str) -> bool:
 
 
 # Rules that read only rewards, masks, groups, and discrete observations/actions. rudder reads
-# WatchRepair's 5 components and is tested below on such batches when its module exists.
+# features of the observations (here WatchRepair's 5 components) and is tested below on such batches.
 GENERIC_RULES = {
     "broadcast": {},
     "loo": {},
@@ -196,12 +196,14 @@ def test_make_rule_rejects_unknown_names():
 @settings(max_examples=10, deadline=None)
 @given(data=st.data())
 def test_rudder_shapes_masks_and_state_round_trip(data):
+    from envs.watch_repair import WatchRepairFeaturizer
+
     first, second = (data.draw(batches(n_components=5, max_value=3, prefix=True)) for _ in range(2))
-    rule = make_rule("rudder")
+    rule = make_rule("rudder", featurizer=WatchRepairFeaturizer())
     rule.observe(first)
     out = rule.advantages(first)
     assert out.shape == first.rewards.shape and np.all(out[~first.mask] == 0.0)
-    restored = make_rule("rudder")
+    restored = make_rule("rudder", featurizer=WatchRepairFeaturizer())
     restored.load_state_dict(copy.deepcopy(rule.state_dict()))
     np.testing.assert_array_equal(restored.advantages(second), rule.advantages(second))
 

@@ -1,4 +1,4 @@
-"""EMPO effect-marginal ratio sharing (SPEC section 7) on synthetic tensors."""
+"""EMPO effect-marginal ratio sharing (docs/papers/empo.md) on synthetic tensors."""
 
 import math
 
@@ -7,8 +7,6 @@ import pytest
 import torch
 
 from vcbm_gym.credit.empo import (
-    canonical_python_effect,
-    canonical_text_action,
     cell_coverage,
     effect_cell_ids,
     shared_ratios,
@@ -88,25 +86,3 @@ def test_no_cells_is_plain_token_ratio():
     torch.testing.assert_close(ratios, torch.exp(logp_new - logp_old))
     with pytest.raises(ValueError, match="cell_ids"):
         shared_ratios(logp_new, logp_old, mask, turn_ids, torch.full((2, 1), -1))
-
-
-def test_canonical_text_action():
-    assert canonical_text_action("Thought: costly. Action: repair()") == "repair"
-    assert canonical_text_action("I will Skip ()") == "skip"
-    assert canonical_text_action("inspect() first, then wait( )") == "wait"
-    assert canonical_text_action("move( 2, 3 )") == "move(2,3)"
-    assert canonical_text_action("no action here") is None
-    vocab = ("repair", "skip", "inspect", "wait")
-    assert canonical_text_action("Action: REPAIR", vocabulary=vocab) == "repair"
-    assert canonical_text_action("nothing", vocabulary=vocab) is None
-
-
-def test_canonical_python_effect():
-    a = "```python\n# log in first\ntoken = apis.spotify.login(username='a',  password=\"b\")\nprint(token)\n```"
-    b = "x=apis.spotify.login(username=\"a\", password='b')   # same call\nprint(x)"
-    assert canonical_python_effect(a) == canonical_python_effect(b) == "apis.spotify.login(username='a', password='b')"
-    c = "print(apis.venmo.show_balance(access_token=apis.venmo.login(u='q')))"
-    assert canonical_python_effect(c) == "apis.venmo.login(u='q'); apis.venmo.show_balance(access_token=apis.venmo.login(u='q'))"
-    assert canonical_python_effect("print( 'hi' )") == canonical_python_effect("print('hi')  # comment")
-    assert canonical_python_effect("def broken(:") is None
-    assert canonical_python_effect("   ") is None

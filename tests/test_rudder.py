@@ -1,4 +1,5 @@
-"""RUDDER (SPEC section 3): the gate-less cell, featurisation, loss, lesson buffer, schedule, redistribution."""
+"""RUDDER (docs/papers/vcbm.md, "RUDDER"): the gate-less cell, featurisation, loss, lesson buffer,
+schedule, redistribution, and the rule on a classic-control env's own features."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import math
 import numpy as np
 import pytest
 import torch
+from gymnasium import spaces
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from envs.watch_repair import WatchRepairFeaturizer
 from vcbm_gym.credit.base import EpisodeBatch
+from vcbm_gym.credit.features import SpaceFeaturizer
 from vcbm_gym.credit.rudder import (
     PARAMETER_NAMES,
     AdamState,
@@ -19,13 +23,22 @@ from vcbm_gym.credit.rudder import (
     RudderCreditConfig,
     RudderRule,
     adam_step,
-    featurize,
     loss_and_gradients,
     parameter_arrays,
     redistribute,
     rudder_loss,
     train_until_converged,
 )
+
+WATCH = WatchRepairFeaturizer(horizon=50)  # the paper's task: 10 features
+
+
+def featurize(observations, actions, horizon=50):
+    return WatchRepairFeaturizer(horizon=horizon)(observations, actions)
+
+
+def rule(**kwargs) -> RudderRule:
+    return RudderRule(WATCH, **kwargs)
 
 
 def _sigmoid(x: float) -> float:
@@ -108,6 +121,32 @@ def test_featurize_uses_differences_one_hot_brand_time_and_action():
         featurize(np.array([[0, 0, 0, 7, 0]]), np.array([0]), horizon=50)
 
 
+@pytest.mark.parametrize(
+    "obs_space, act_space",
+    [
+        (spaces.Box(-2.0, 2.0, (4,), np.float32), spaces.Discrete(2)),
+        (spaces.MultiDiscrete([2, 5, 3], start=[0, 1, -1]), spaces.Discrete(3, start=1)),
+        (spaces.Discrete(4), spaces.Box(-1.0, 1.0, (2,), np.float32)),
+        (spaces.MultiBinary(3), spaces.MultiDiscrete([2, 3])),
+    ],
+)
+def test_space_featurizer_is_gymnasiums_flatten_per_step(obs_space, act_space):
+    obs_space.seed(0), act_space.seed(1)
+    obs = np.array([[obs_space.sample() for _ in range(5)] for _ in range(3)])
+    acts = np.array([[act_space.sample() for _ in range(5)] for _ in range(3)])
+    featurizer = SpaceFeaturizer(obs_space, act_space)
+    got = featurizer(obs, acts)
+    assert got.shape == (3, 5, featurizer.n_features) and got.dtype == np.float32
+    for b in range(3):
+        for t in range(5):
+            want = np.concatenate([spaces.flatten(obs_space, obs[b, t]), spaces.flatten(act_space, acts[b, t])])
+            np.testing.assert_allclose(got[b, t], want.astype(np.float32))
+    diffs = SpaceFeaturizer(obs_space, act_space, differences=True)(obs, acts)
+    np.testing.assert_allclose(diffs[:, 1:, : spaces.flatdim(obs_space)], np.diff(got[:, :, : spaces.flatdim(obs_space)], axis=1))
+    with pytest.raises(TypeError, match="Text"):
+        SpaceFeaturizer(spaces.Text(5), act_space)
+
+
 def test_loss_is_main_plus_half_aux_over_real_steps():
     predictions = torch.tensor([[0.0, 1.0, 3.0], [2.0, 4.0, 9.0]])
     target = torch.tensor([1.0, 2.0])
@@ -185,7 +224,21 @@ def test_lesson_buffer_is_fifo_with_capacity():
     assert sorted(buffer.returns.tolist()) == [2.0, 3.0, 4.0, 5.0]  # the two oldest are gone
     assert buffer.distinct_returns() == 4
     with pytest.raises(ValueError, match="episode features"):
-        buffer.add(np.zeros((4, 2), dtype=np.float32), 0.0)
+        buffer.add(np.zeros((4, 3), dtype=np.float32), 0.0)  # 3 features, not 2
+
+
+def test_lesson_buffer_grows_to_the_longest_episode_and_cuts_batches_to_theirs():
+    buffer = LessonBuffer(capacity=3, max_length=1, n_features=1, seed=0)
+    buffer.add(np.ones((2, 1), dtype=np.float32), 1.0)
+    features, lengths, _ = buffer.sample(4)
+    assert features.shape == (4, 2, 1) and set(lengths.tolist()) == {2}
+    buffer.add(np.full((5, 1), 2.0, dtype=np.float32), 2.0)  # longer than any row so far
+    assert buffer.features.shape == (3, 5, 1)
+    np.testing.assert_array_equal(buffer.features[0, :, 0], [1, 1, 0, 0, 0])  # the first episode, padded
+    np.testing.assert_array_equal(buffer.features[1, :, 0], [2, 2, 2, 2, 2])
+    features, lengths, returns = buffer.sample(50)
+    assert features.shape == (50, 5, 1) and set(lengths.tolist()) == {2, 5}
+    np.testing.assert_array_equal(lengths, np.where(returns == 1.0, 2, 5))
 
 
 def test_lesson_buffer_samples_uniformly_and_reproducibly():
@@ -208,10 +261,10 @@ def test_lesson_buffer_samples_uniformly_and_reproducibly():
 
 def test_training_event_runs_until_the_running_loss_is_low():
     cfg = RudderCreditConfig(max_steps_per_event=500)
-    buffer = LessonBuffer(64, 50, cfg.n_features, seed=0)
+    buffer = LessonBuffer(64, 50, WATCH.n_features, seed=0)
     for _ in range(64):
-        buffer.add(np.zeros((50, cfg.n_features), dtype=np.float32), 0.0)  # predictable target 0
-    model = GatelessLSTM(cfg.n_features, seed=0).double()
+        buffer.add(np.zeros((50, WATCH.n_features), dtype=np.float32), 0.0)  # predictable target 0
+    model = GatelessLSTM(WATCH.n_features, seed=0).double()
     adam = AdamState.zeros_like(parameter_arrays(model))
     event = train_until_converged(model, adam, buffer, cfg)
     # The running average restarts at 0.3 and decays by 0.99: at least 69 steps to get below 0.15.
@@ -236,40 +289,56 @@ def _episodes(n: int, seed: int, length: int = 50) -> EpisodeBatch:
 
 
 def test_rule_trains_on_schedule_and_redistributes_afterwards():
-    rule = RudderRule(seed=0, max_steps_per_event=30, min_buffer_episodes=40, train_every=25)
+    trained = rule(seed=0, max_steps_per_event=30, min_buffer_episodes=40, train_every=25)
     first = _episodes(50, seed=1)
-    rule.observe(first)
-    assert rule.training_events == 1  # at episode 50: buffer 50 > 40, a multiple of 25
-    np.testing.assert_allclose(rule.advantages(first).sum(axis=1), 10.0 * rule.model(torch.from_numpy(
+    trained.observe(first)
+    assert trained.training_events == 1  # at episode 50: buffer 50 > 40, a multiple of 25
+    np.testing.assert_allclose(trained.advantages(first).sum(axis=1), 10.0 * trained.model(torch.from_numpy(
         featurize(first.observations, first.actions, 50)).double())[:, -1].detach().double().numpy(), rtol=1e-5, atol=1e-6)
-    untrained = RudderRule(seed=0)
+    untrained = rule(seed=0)
     np.testing.assert_array_equal(untrained.advantages(first), first.rewards)  # raw rewards before training
     with pytest.raises(ValueError, match="observations"):
         untrained.observe(EpisodeBatch(rewards=first.rewards, mask=first.mask))
 
 
 def test_rule_waits_for_distinct_returns():
-    rule = RudderRule(seed=0, min_buffer_episodes=10, train_every=5, max_steps_per_event=5)
+    waiting = rule(seed=0, min_buffer_episodes=10, train_every=5, max_steps_per_event=5)
     batch = _episodes(30, seed=2)
     flat = EpisodeBatch(rewards=np.zeros_like(batch.rewards), mask=batch.mask, observations=batch.observations, actions=batch.actions)
-    rule.observe(flat)
-    assert rule.training_events == 0  # one distinct return (0) only
-    rule.observe(batch)
-    assert rule.training_events == 6  # episodes 35, 40, ..., 60
+    waiting.observe(flat)
+    assert waiting.training_events == 0  # one distinct return (0) only
+    waiting.observe(batch)
+    assert waiting.training_events == 6  # episodes 35, 40, ..., 60
 
 
 def test_state_dict_round_trip_continues_identically():
     batch, later = _episodes(60, seed=3), _episodes(25, seed=4)
-    a = RudderRule(seed=5, min_buffer_episodes=40, max_steps_per_event=20)
+    a = rule(seed=5, min_buffer_episodes=40, max_steps_per_event=20)
     a.observe(batch)
-    b = RudderRule(seed=99, min_buffer_episodes=40, max_steps_per_event=20)
+    b = rule(seed=99, min_buffer_episodes=40, max_steps_per_event=20)
     b.load_state_dict(a.state_dict())
     np.testing.assert_array_equal(a.advantages(batch), b.advantages(batch))
     a.observe(later)
     b.observe(later)  # same buffer contents, rng and optimizer moments: the same training event
     np.testing.assert_array_equal(a.advantages(later), b.advantages(later))
     with pytest.raises(ValueError, match="config"):
-        RudderRule(seed=0).load_state_dict(a.state_dict())
+        rule(seed=0).load_state_dict(a.state_dict())
+    with pytest.raises(ValueError, match="features"):
+        RudderRule(WatchRepairFeaturizer(horizon=50, n_brands=3), seed=5, min_buffer_episodes=40,
+                   max_steps_per_event=20).load_state_dict(a.state_dict())
+
+
+def test_rule_needs_a_featurizer_and_takes_the_envs_own():
+    import gymnasium as gym
+
+    import vcbm_gym  # noqa: F401  (registers the envs)
+
+    with pytest.raises(ValueError, match="featurizer"):
+        RudderRule()
+    on_watch = RudderRule.from_env(gym.make("WatchRepair-v0"))
+    assert isinstance(on_watch.featurizer, WatchRepairFeaturizer) and on_watch.featurizer.n_features == 10
+    on_cartpole = RudderRule.from_env(gym.make("DelayedCartPole-v1"))
+    assert on_cartpole.featurizer.n_features == 4 + 2  # CartPole's 4 numbers and the one-hot of 2 actions
 
 
 def test_rudder_agent_trains_through_the_cli(tmp_path):
@@ -289,3 +358,23 @@ def test_rudder_agent_trains_through_the_cli(tmp_path):
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {"rudder/lstm_main_loss", "rudder/lstm_aux_loss", "rudder/adam_steps_per_event", "rudder/redistributed_reward_t0"} <= tags
+
+
+def test_ppo_with_rudder_on_a_delayed_classic_control_env_learns_from_its_observations(tmp_path):
+    """`--algo ppo --credit rudder` on DelayedCartPole-v1: the LSTM reads CartPole's 4 numbers and the
+    action (6 features, not WatchRepair's 10), trains, and the run reports its return without a
+    convergence criterion (CartPole reports no first_decision_optimal)."""
+    from algorithms.train import run
+
+    summary = run(
+        [
+            "--algo", "ppo", "--credit", "rudder", "--env", "DelayedCartPole-v1", "--max-episodes", "60",
+            "--no-progress", "--log-dir", str(tmp_path),
+            "--hyperparams", "n_steps=512", "batch_size=128", "n_epochs=2",
+            "credit_kwargs={rudder: {min_buffer_episodes: 20, train_every: 10, max_steps_per_event: 30}}",
+        ]
+    )  # fmt: skip
+    assert summary["credit_summary"]["n_features"] == 6
+    assert summary["credit_summary"]["training_events"] >= 1
+    assert summary["episodes_run"] == 60 and summary["converged"] is None and summary["final_correct_rate"] is None
+    assert summary["mean_return_last_episodes"] >= 8  # CartPole pays 1 a step and no episode is shorter than 8

@@ -2,12 +2,20 @@
 
 Importing this package registers the project's environments (Gymnasium 1.x loads no entry-point
 plugins), so `gym.make("WatchRepair-v0")` works after `import vcbm_gym`, and
-`gym.make("vcbm_gym:WatchRepair-v0")` works without a prior import.
+`gym.make("vcbm_gym:WatchRepair-v0")` works without a prior import. It also registers delayed-reward
+versions of Gymnasium's classic-control tasks (`DelayedCartPole-v1`, ...): the task itself, with
+every episode's summed reward paid at its last step (`DelayedReward`, envs/delayed_reward.py).
+
+`check_contract(env)` checks an env against the env contract (vcbm_gym/contract.py).
 """
 
 from gymnasium.envs.registration import register, registry
 
+from envs.delayed_reward import DelayedReward
+from vcbm_gym.contract import check_contract
+
 __version__ = "0.1.0"
+__all__ = ["DELAYED_ENV_IDS", "ENV_IDS", "DelayedReward", "check_contract"]
 
 _ENVS = {
     "WatchRepair-v0": dict(
@@ -20,9 +28,25 @@ _ENVS = {
     "TextSetRetrieval-v0": dict(entry_point="envs.set_retrieval:TextSetRetrievalEnv"),
     "AppWorld-v0": dict(entry_point="envs.appworld.env:AppWorldEnv"),
 }
+# Gymnasium tasks given a delayed reward: the same spec (entry point, time limit, kwargs), with
+# DelayedReward applied after the time limit, so that a truncated episode is paid too.
+_DELAYED = ("CartPole-v1", "Acrobot-v1", "MountainCar-v0", "Pendulum-v1")
 
 for _env_id, _kwargs in _ENVS.items():
     if _env_id not in registry:
         register(id=_env_id, **_kwargs)
 
+for _base_id in _DELAYED:
+    _spec = registry[_base_id]
+    if f"Delayed{_base_id}" not in registry:
+        register(
+            id=f"Delayed{_base_id}",
+            entry_point=_spec.entry_point,
+            reward_threshold=_spec.reward_threshold,
+            max_episode_steps=_spec.max_episode_steps,
+            kwargs=dict(_spec.kwargs),
+            additional_wrappers=(DelayedReward.wrapper_spec(),),
+        )
+
 ENV_IDS = tuple(_ENVS)
+DELAYED_ENV_IDS = tuple(f"Delayed{base_id}" for base_id in _DELAYED)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from algorithms.common.errors import Stopped, VcbmGymError
+from vcbm_gym.contract import ContractError
 
 MAX_SEED = 2**32 - 1  # numpy's SeedSequence accepts more, but SB3 and torch seeds are 32/64-bit
 
@@ -38,7 +39,7 @@ def main(run: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> 
     except KeyboardInterrupt:
         print("stopped: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
-    except VcbmGymError as exc:
+    except (VcbmGymError, ContractError) as exc:  # ContractError: an env breaks the env contract
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

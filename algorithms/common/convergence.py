@@ -1,11 +1,19 @@
-"""The convergence criterion of paper 000 Sec. V-A2 (SPEC section 4)."""
+"""The convergence criterion of "Visual Causal-chain Bookmarking" (Selvakumar, 2026,
+arXiv:2610.24032, Sec. V-A2), and what a run reports per finished episode.
+
+The criterion needs the env contract's evaluation-only `first_decision_optimal`
+(vcbm_gym/contract.py). An env without it still trains: the run goes on for its episode budget
+and reports its mean return, and its success rate where the env reports SB3's `is_success`.
+"""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from algorithms.common.validation import AT_LEAST_ONE, UNIT_POSITIVE, Validated
+from vcbm_gym.contract import CONTRACT, ContractError, check_value
 
 
 @dataclass
@@ -50,3 +58,70 @@ class ConvergenceTracker:
     def rate(self) -> float:
         """Fraction correct over the (possibly not yet full) window."""
         return self._correct_in_window / len(self._recent) if self._recent else 0.0
+
+
+class EpisodeOutcomes:
+    """Per finished episode: the convergence criterion (when the env reports `first_decision_optimal`),
+    the success rate (when it reports `is_success`) and the return, over the last `window` episodes.
+
+    Which evaluation keys the env reports is settled by its first episode; an env that reports one
+    on some episodes only breaks the contract (one line).
+    """
+
+    def __init__(self, tracker: ConvergenceTracker, env_name: str, window: int = 100) -> None:
+        self.tracker, self.env_name = tracker, env_name
+        self.episodes = 0
+        self.returns: deque[float] = deque(maxlen=window)
+        self.successes: deque[bool] = deque(maxlen=window)
+        self.reports: dict[str, bool] = {}  # evaluation key -> reported (settled at episode 1)
+
+    def _reported(self, info: Mapping[str, Any], key: str) -> bool:
+        present = key in info
+        if key not in self.reports:
+            self.reports[key] = present
+        elif present != self.reports[key]:
+            first = "reported" if self.reports[key] else "did not report"
+            raise ContractError(
+                f"env {self.env_name} {first} info[{key!r}] at the end of episode 1 but not so at episode "
+                f"{self.episodes}: expected it on every episode's last step or on none ({CONTRACT})"
+            )
+        if present:
+            check_value(key, info[key], f"the end of episode {self.episodes}")
+        return present
+
+    @property
+    def has_criterion(self) -> bool:
+        return self.reports.get("first_decision_optimal", False)
+
+    def update(self, info: Mapping[str, Any], episode_return: float) -> bool:
+        """Record a finished episode from its last `info`; True on the episode at which the run converges."""
+        self.episodes += 1
+        self.returns.append(float(episode_return))
+        if self._reported(info, "is_success"):
+            self.successes.append(bool(info["is_success"]))
+        if self._reported(info, "first_decision_optimal"):
+            return self.tracker.update(bool(info["first_decision_optimal"]))
+        return False
+
+    def scalars(self) -> dict[str, float]:
+        """Moving averages to log: correct first decisions and success rate (when reported), return."""
+        out = {"mean_return": sum(self.returns) / len(self.returns)} if self.returns else {}
+        if self.has_criterion:
+            out["correct_moving_average"] = self.tracker.rate
+        if self.successes:
+            out["success_rate"] = sum(self.successes) / len(self.successes)
+        return out
+
+    def summary(self) -> dict[str, Any]:
+        """`converged`, `episodes_to_converge` and `final_correct_rate` are None without the criterion."""
+        criterion = self.has_criterion
+        out = {
+            "converged": (self.tracker.converged_at is not None) if criterion else None,
+            "episodes_to_converge": self.tracker.converged_at,
+            "episodes_run": self.episodes,
+            "final_correct_rate": self.tracker.rate if criterion else None,
+            "mean_return_last_episodes": sum(self.returns) / len(self.returns) if self.returns else None,
+        }
+        if self.reports.get("is_success"):
+            out["success_rate_last_episodes"] = sum(self.successes) / len(self.successes)
+        return out

@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from vcbm_gym.credit.empo import RATIO_SHARING_MODES as RATIO_SHARING
+
 CREDITS = ("loo", "vcbm")
-RATIO_SHARING = ("none", "effect", "random")
 
 
 @dataclass
@@ -86,7 +87,7 @@ class LoopConfig(MultiTurnGRPOConfig):
         default=10.0, metadata={"help": "an outlier-gradient event: pre-clip grad norm > factor x median of the last norms"}
     )
     outlier_grad_window: int = field(default=20, metadata={"help": "how many past grad norms the median covers"})
-    # EMPO ratio sharing (SPEC section 7)
+    # EMPO ratio sharing (docs/papers/empo.md)
     ratio_sharing: str = field(default="none", metadata={"help": "none, effect (EMPO cells) or random (ablation)"})
     length_norm: bool = field(default=True, metadata={"help": "EMPO: length-normalised response ratios"})
 

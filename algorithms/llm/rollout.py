@@ -3,8 +3,10 @@
 Each episode becomes one training sequence: the chat-templated prompt (system + first
 observation), then every model answer followed by the environment's reply rendered as the next
 user turn. Model tokens have env_mask 1, environment tokens 0 (never trained). Every completion
-token carries its turn id; per turn we keep `info["state_mutating"]`, `info["execution_output"]`
-(the VCBM bookmark key) and `info["effect"]` (EMPO's canonical action) when the env reports them.
+token carries its turn id; per turn we keep the env contract's keys (vcbm_gym/contract.py):
+`info["state_mutating"]`, `info["execution_output"]` (the VCBM bookmark key; the observation when
+absent) and `info["effect"]` (EMPO's canonical effect; None when absent). The runner checks at the
+first step that the env reports the keys the chosen credit and ratio sharing learn from.
 
 Generation is batched over the live episodes of a turn with transformers `generate` (TRL's vLLM
 engine is used instead when the trainer has one). When the conversation outgrows
@@ -22,7 +24,6 @@ import gymnasium as gym
 import torch
 
 from algorithms.llm.prompting import initial_messages, prompt_chars, truncate_messages
-from vcbm_gym.credit.empo import canonical_python_effect, canonical_text_action
 
 
 @dataclass
@@ -35,7 +36,7 @@ class Episode:
     turn_ids: list[int] = field(default_factory=list)
     state_mutating: list[bool] = field(default_factory=list)
     turn_texts: list[str] = field(default_factory=list)
-    effects: list[str | None] = field(default_factory=list)  # EMPO effect per turn (None: none parsable)
+    effects: list[Any] = field(default_factory=list)  # EMPO effect per turn, info["effect"] (None: none)
     decision_turns: list[bool] = field(default_factory=list)  # evaluation only: info["is_decision_turn"]
     final_text: str = ""
     episode_return: float = 0.0
@@ -46,16 +47,6 @@ class Episode:
     @property
     def n_generated(self) -> int:
         return int(sum(self.env_mask))
-
-
-def effect_of(text: str, info: dict[str, Any]) -> str | None:
-    """EMPO's canonical effect of a turn: the env's own `effect`, else the normalised code it ran
-    (`info["code"]`, AppWorld), else the last tool call written in the text."""
-    if "effect" in info:
-        return info["effect"]
-    if "code" in info:
-        return canonical_python_effect(str(info["code"]))
-    return canonical_text_action(text)
 
 
 def render(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
@@ -170,7 +161,7 @@ def play_episodes(
             e.episode_return += float(reward)
             e.state_mutating.append(bool(info.get("state_mutating", False)))
             e.turn_texts.append(str(info.get("execution_output", obs)))
-            e.effects.append(effect_of(text, info))
+            e.effects.append(info.get("effect"))
             e.decision_turns.append(bool(info.get("is_decision_turn", False)))
             e.last_info = dict(info)
             e.messages += [{"role": "assistant", "content": text}, {"role": "user", "content": str(obs)}]

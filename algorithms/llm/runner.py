@@ -12,7 +12,11 @@ through peft otherwise. `trl-grpo` is TRL's own GRPOTrainer objective and sequen
 advantage over the same multi-turn episodes: the external baseline. Checkpoints (weights,
 optimizer, scheduler, RNG, episodic memory, counters) go to <log-dir>/checkpoints every
 `--checkpoint-every` iterations; `--resume` continues from the latest one. The per-iteration
-metrics of SPEC section 5 are written to TensorBoard under `loop/`.
+metrics (docs/papers/vcbm.md, "LOOP and VCBM-LOOP") are written to TensorBoard under `loop/`.
+
+Before any model is built, one step of the env checks that it reports what the run learns from
+(the env contract, vcbm_gym/contract.py): `state_mutating` for vcbm-loop, `effect` for
+`--ratio-sharing effect`; a missing key is one line naming it.
 
 Multi-GPU (FSDP2, as in the paper's 2-GPU AppWorld runs; not verified on this project's CPUs):
 
@@ -36,6 +40,8 @@ from algorithms.common import cli
 from algorithms.common.config import as_plain_dict, build_dataclasses
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.run_context import RunContext
+from vcbm_gym.contract import NEEDS, require_info
+from vcbm_gym.credit.empo import RATIO_SHARING_MODES
 
 CREDIT_OF_ALGO = {"loop": "loo", "vcbm-loop": "vcbm"}
 TINY_MODELS = ("tiny", "tiny-random")
@@ -76,7 +82,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--use-vllm", action="store_true", help="generate with TRL's vLLM engine")
     group.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the log dir")
     group.add_argument("--checkpoint-every", type=int, default=None, help="iterations between checkpoints (0: none)")
-    group.add_argument("--ratio-sharing", choices=("none", "effect", "random"), default=None, help="EMPO ratio sharing")
+    group.add_argument("--ratio-sharing", choices=RATIO_SHARING_MODES, default=None, help="EMPO ratio sharing")
     group.add_argument("--no-length-norm", action="store_true", help="EMPO ablation: unnormalised response ratios")
 
 
@@ -155,6 +161,32 @@ def _apply_flags(hp: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
     return hp
 
 
+def info_needs(credit: str | None, ratio_sharing: str) -> dict[str, str]:
+    """{info key: who needs it} for a run: vcbm-loop's bookmarks, EMPO's effect cells."""
+    needs: dict[str, str] = {}
+    if credit == "vcbm":
+        needs.update({key: "vcbm-loop" for key in NEEDS["vcbm-loop"]})
+    if ratio_sharing == "effect":
+        needs.update({key: "--ratio-sharing effect" for key in NEEDS["--ratio-sharing effect"]})
+    return needs
+
+
+def check_env_reports(env_id: str, env_kwargs: dict[str, Any], needs: dict[str, str], seed: int) -> None:
+    """One reset and one step of the env with a sampled action: the keys in `needs` must be in its info."""
+    if not needs:
+        return
+    import gymnasium as gym
+
+    env = gym.make(env_id, **env_kwargs)
+    try:
+        env.reset(seed=seed)
+        env.action_space.seed(seed)
+        info = env.step(env.action_space.sample())[4]
+    finally:
+        env.close()
+    require_info(info, needs, repr(env_id))
+
+
 def _model_and_tokenizer(name: str, seed: int, bf16: bool):
     if name == "tiny":
         from algorithms.llm.warm_start import warm_started_tiny
@@ -205,6 +237,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         use_cpu=not torch.cuda.is_available(),
     )
     _, cfg = _loop_config(loop_kwargs, f"algo {ctx.algo!r}", ctx.algo)
+    check_env_reports(ctx.env_id, run_cfg.env_kwargs, info_needs(getattr(cfg, "credit", None), cfg.ratio_sharing), ctx.seed)
     (log_dir / "loop_config.yml").write_text(yaml.safe_dump({**as_plain_dict(run_cfg), **{
         k: _plain(getattr(cfg, k)) for k in _reported(ctx.algo) + ("use_vllm", "max_steps", "save_steps", "seed")}},
         sort_keys=False))

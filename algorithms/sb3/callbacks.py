@@ -24,8 +24,7 @@ from typing import Any
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
-from algorithms.common.convergence import ConvergenceTracker
-from algorithms.common.errors import VcbmGymError
+from algorithms.common.convergence import EpisodeOutcomes
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 GROUP_BY = ("none", "initial_obs")
@@ -124,30 +123,33 @@ class CreditCallback(BaseCallback):
 
 
 class ConvergenceCallback(BaseCallback):
-    """Feed each finished episode's `info["first_decision_optimal"]` (evaluation only) to the
-    SPEC section 4 tracker; stop at convergence (if asked) or once `max_episodes` have ended."""
+    """Feed each finished episode's last `info` and return to an `EpisodeOutcomes`: the convergence
+    criterion of algorithms/common/convergence.py when the env reports `first_decision_optimal`
+    (evaluation only), else just the return and success rate. Stop at convergence (if asked) or
+    once `max_episodes` have ended."""
 
-    def __init__(self, tracker: ConvergenceTracker, max_episodes: int, stop_at_convergence: bool = True) -> None:
+    def __init__(self, outcomes: EpisodeOutcomes, max_episodes: int, stop_at_convergence: bool = True) -> None:
         super().__init__()
-        self.tracker, self.max_episodes, self.stop_at_convergence = tracker, max_episodes, stop_at_convergence
+        self.outcomes, self.max_episodes, self.stop_at_convergence = outcomes, max_episodes, stop_at_convergence
+        self._returns: np.ndarray | None = None
 
     def _on_step(self) -> bool:
-        for done, info in zip(self.locals["dones"], self.locals["infos"]):
-            if not done or self.tracker.episodes >= self.max_episodes:
+        rewards = np.asarray(self.locals["rewards"], dtype=np.float64).reshape(-1)
+        self._returns = rewards.copy() if self._returns is None else self._returns + rewards
+        for env, (done, info) in enumerate(zip(self.locals["dones"], self.locals["infos"])):
+            if not done:
                 continue
-            if "first_decision_optimal" not in info:
-                raise VcbmGymError("the env reports no 'first_decision_optimal' in info: the convergence criterion needs it")
-            just_converged = self.tracker.update(bool(info["first_decision_optimal"]))
-            self.logger.record("rollout/correct_moving_average", self.tracker.rate)
-            self.logger.record("rollout/episodes", self.tracker.episodes)
+            episode_return, self._returns[env] = float(self._returns[env]), 0.0
+            if self.outcomes.episodes >= self.max_episodes:
+                continue
+            just_converged = self.outcomes.update(info, episode_return)
+            for key, value in self.outcomes.scalars().items():
+                if key != "success_rate":  # SB3 logs rollout/success_rate itself from `is_success`
+                    self.logger.record(f"rollout/{key}", value)
+            self.logger.record("rollout/episodes", self.outcomes.episodes)
             if just_converged and self.stop_at_convergence:
                 return False
-        return self.tracker.episodes < self.max_episodes
+        return self.outcomes.episodes < self.max_episodes
 
     def summary(self) -> dict[str, Any]:
-        return {
-            "converged": self.tracker.converged_at is not None,
-            "episodes_to_converge": self.tracker.converged_at,
-            "episodes_run": self.tracker.episodes,
-            "final_correct_rate": self.tracker.rate,
-        }
+        return self.outcomes.summary()

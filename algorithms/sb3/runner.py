@@ -1,9 +1,13 @@
-"""Trains an SB3 algorithm (PPO, A2C, DQN) with a pluggable credit rule until convergence.
+"""Trains an SB3 algorithm (PPO, A2C, DQN) with a pluggable credit rule on any Gymnasium env.
 
 `--credit RULE` (a name in vcbm_gym.credit.base.RULES, or none): PPO/A2C get a CreditCallback
 that rewrites the rollout buffer's advantages; DQN gets an EpisodeRedistributionBuffer that writes
-return-equivalent redistributed rewards. The SPEC section 4 criterion (window of correct first
-decisions, evaluation only) stops the run, or `max_episodes` does. Hyperparameters: the run's
+return-equivalent redistributed rewards. Rules are built for the env (`make_rule(name, env=...)`:
+RUDDER reads the env's features). Rules that learn from per-turn info keys (vcbm_gym.contract.
+RULE_INFO_KEYS: vcbm_blend, casi) are refused: this runner does not collect them. The convergence
+criterion (algorithms/common/convergence.py; needs the env contract's evaluation-only
+`first_decision_optimal`) stops the run, or `max_episodes` does; without that key the run trains
+for `max_episodes` and reports its return and success rate (`is_success`). Hyperparameters: the run's
 own (`SB3RunConfig`) plus the algorithm's constructor arguments, checked against the SB3 class's
 own signature (SB3 is the only source of their defaults; zoo_configs/<algo>.yml lists what differs); credit-rule arguments go under
 `credit_kwargs`, keyed by rule name (`credit_kwargs: {vcbm_bookmark: {alpha: 0.01}}`), so one
@@ -27,7 +31,7 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value, make_env
-from algorithms.common.convergence import ConvergenceTracker, EpisodeRunConfig
+from algorithms.common.convergence import ConvergenceTracker, EpisodeOutcomes, EpisodeRunConfig
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.run_context import RunContext
 from algorithms.common.validation import (
@@ -42,6 +46,7 @@ from algorithms.common.validation import (
 from algorithms.registry import get_algo, load_object
 from algorithms.sb3.callbacks import GROUP_BY, ConvergenceCallback, CreditCallback
 from algorithms.sb3.wrappers import EpisodeRedistributionBuffer
+from vcbm_gym.contract import RULE_INFO_KEYS
 from vcbm_gym.credit.base import RULES, CreditRule, make_rule
 
 
@@ -76,7 +81,8 @@ ARG_RANGES = {
     "exploration_fraction": UNIT, "exploration_initial_eps": UNIT, "exploration_final_eps": UNIT,
     "stats_window_size": AT_LEAST_ONE,
 }  # fmt: skip
-CREDIT_CHOICES = ("none", *RULES)
+# Rules this runner can feed: every rule that learns from rewards, observations and actions alone.
+CREDIT_CHOICES = ("none", *(name for name in RULES if name not in RULE_INFO_KEYS))
 
 
 def algo_defaults(algo_cls: type) -> dict[str, Any]:
@@ -109,7 +115,15 @@ def algo_kwargs(algo: str, mapping: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _unusable_rule(name: str) -> str:
+    keys = ", ".join(f"info[{key!r}]" for key in RULE_INFO_KEYS[name])
+    return (f"credit rule {name!r} learns from {keys} per turn, which the SB3 runner does not collect; "
+            f"expected one of: {', '.join(CREDIT_CHOICES)}")
+
+
 def credit_name(value: str) -> str:
+    if value in RULE_INFO_KEYS:
+        raise argparse.ArgumentTypeError(_unusable_rule(value))
     if value not in CREDIT_CHOICES:
         raise argparse.ArgumentTypeError(f"unknown credit rule {value!r}; expected one of: {', '.join(CREDIT_CHOICES)}")
     return value
@@ -133,6 +147,8 @@ def _configs(algo: str, mapping: dict[str, Any]) -> tuple[SB3RunConfig, dict[str
         raise ConfigError(f"unknown hyperparameter {unknown[0]!r} for algo {algo!r}; expected one of: {known}")
     (run_cfg,) = build_dataclasses({k: v for k, v in mapping.items() if k in run_names}, [SB3RunConfig], owner=f"algo {algo!r}")
     kwargs = algo_kwargs(algo, {k: v for k, v in mapping.items() if k not in run_names})
+    if run_cfg.credit in RULE_INFO_KEYS:
+        raise ConfigError(_unusable_rule(run_cfg.credit))
     if run_cfg.credit not in CREDIT_CHOICES:
         raise ConfigError(f"unknown credit rule {run_cfg.credit!r}; expected one of: {', '.join(CREDIT_CHOICES)}")
     for name, rule_kwargs in run_cfg.credit_kwargs.items():
@@ -150,23 +166,23 @@ def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
     """Run settings and every SB3 constructor argument, checked; the credit rule and the env are
     built once here, so that a bad rule argument or env_kwargs fails before the log dir exists."""
     run_cfg, kwargs = _configs(algo, mapping)
-    build_rule(run_cfg.credit, run_cfg.credit_kwargs.get(run_cfg.credit, {}))
     probe = make_env(env_id, run_cfg.env_kwargs)
     try:
+        build_rule(run_cfg.credit, run_cfg.credit_kwargs.get(run_cfg.credit, {}), probe)
         episode_steps(probe, run_cfg.episode_steps)
     finally:
         probe.close()
     return {**as_plain_dict(run_cfg), **kwargs}
 
 
-def build_rule(name: str, kwargs: dict[str, Any]) -> CreditRule | None:
-    """`make_rule` with the user's errors turned into one clear line."""
+def build_rule(name: str, kwargs: dict[str, Any], env: gym.Env) -> CreditRule | None:
+    """`make_rule` for `env` with the user's errors turned into one clear line."""
     if name == "none":
         return None
     if name not in RULES:
         raise ConfigError(f"unknown credit rule --credit {name!r}; expected one of: {', '.join(CREDIT_CHOICES)}")
     try:
-        return make_rule(name, **kwargs)
+        return make_rule(name, env=env, **kwargs)
     except ModuleNotFoundError as exc:
         raise VcbmGymError(f"credit rule {name!r} is registered as {RULES[name]!r} but cannot be imported: {exc}") from None
     except (TypeError, ValueError) as exc:
@@ -183,14 +199,16 @@ def episode_steps(env: gym.Env, configured: int | None) -> int:
 def run(ctx: RunContext) -> dict[str, Any]:
     run_cfg, kwargs = _configs(ctx.algo, ctx.hyperparams)
     credit = run_cfg.credit
-    rule = build_rule(credit, run_cfg.credit_kwargs.get(credit, {}))
     algo_cls = load_object(get_algo(ctx.algo).target)
     off_policy = issubclass(algo_cls, OffPolicyAlgorithm)
     torch.set_num_threads(run_cfg.torch_threads)
 
     probe = make_env(ctx.env_id, run_cfg.env_kwargs)
-    steps = episode_steps(probe, run_cfg.episode_steps)
-    probe.close()
+    try:
+        rule = build_rule(credit, run_cfg.credit_kwargs.get(credit, {}), probe)
+        steps = episode_steps(probe, run_cfg.episode_steps)
+    finally:
+        probe.close()
     callbacks = []
     if rule is not None and off_policy:
         if run_cfg.n_envs != 1 or kwargs["learning_starts"] < steps:
@@ -206,8 +224,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
     # seeds these envs (BaseAlgorithm.set_random_seed).
     env = DummyVecEnv([lambda: Monitor(make_env(ctx.env_id, run_cfg.env_kwargs))] * run_cfg.n_envs)
     model = algo_cls(run_cfg.policy, env, seed=ctx.seed, device=run_cfg.device, tensorboard_log=ctx.log_dir, **kwargs)
-    tracker = ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold)
-    convergence = ConvergenceCallback(tracker, run_cfg.max_episodes, run_cfg.stop_at_convergence)
+    outcomes = EpisodeOutcomes(ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold), repr(ctx.env_id))
+    convergence = ConvergenceCallback(outcomes, run_cfg.max_episodes, run_cfg.stop_at_convergence)
     start = time.perf_counter()
     try:
         model.learn(
@@ -224,6 +242,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         **convergence.summary(),
         "credit": credit,
         **({"credit_roles": {str(n): str(r) for n, r in zip(names, roles)}} if roles else {}),
+        **({"credit_summary": rule.summary()} if rule is not None and rule.summary() else {}),
         "timesteps": int(model.num_timesteps),
         "train_time_s": time.perf_counter() - start,
     }

@@ -1,9 +1,15 @@
-"""RUDDER + tabular direct-Q (paper 000, Sec. II-B; SPEC section 3), read top to bottom.
+"""RUDDER + tabular direct-Q, read top to bottom.
+
+RUDDER (Arjona-Medina et al., 2019, arXiv:1806.07857) as "Visual Causal-chain Bookmarking"
+(Selvakumar, 2026, arXiv:2610.24032, Sec. II-B and V-A2) runs it against VCBM; the direct-Q
+policy and its settings come from the RUDDER demonstration code (docs/papers/vcbm.md, "RUDDER").
 
 1. Act: epsilon-greedy (constant epsilon = 0.05) on Q(s_0, .) at the first step only, Q initialised
    optimistically at 10; later actions are fixed (the reference fixes them; they change nothing).
-2. After each episode, hand it to `RudderRule` (vcbm_gym/credit/rudder.py): it joins the lesson
-   buffer, and on schedule the gate-less LSTM trains until its running main loss < 0.15.
+2. After each episode, hand it to `RudderRule` (vcbm_gym/credit/rudder.py) on the env's features
+   (the runner passes the env's `credit_featurizer()`, WatchRepair's on WatchRepair-v0; without
+   one, the flattened observation and action): it joins the lesson buffer, and on schedule the
+   gate-less LSTM trains until its running main loss < 0.15.
 3. Redistribute the episode's return (Eq. 5) and update Q(s_0, a_0) += 0.1 (r_0 - Q) with r_0 the
    first redistributed reward (before the LSTM's first training event: the raw first reward).
 
@@ -18,11 +24,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
-from gymnasium import spaces
 
 from algorithms.common.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT, UNIT_POSITIVE, Validated
 from algorithms.tabular.base import FirstDecisionAgent
 from vcbm_gym.credit.base import EpisodeBatch
+from vcbm_gym.credit.features import Featurizer, SpaceFeaturizer
 from vcbm_gym.credit.rudder import RudderCreditConfig, RudderLSTMConfig, RudderRule
 
 
@@ -45,25 +51,19 @@ class RudderConfig(Validated, RudderLSTMConfig):
     later_action: int = 1
 
 
-def credit_config(config: RudderConfig, observation_space: spaces.Space, n_actions: int) -> RudderCreditConfig:
-    """The rule's config: the LSTM fields of RudderConfig plus T and the brand count read off the space."""
-    if not isinstance(observation_space, spaces.MultiDiscrete) or observation_space.shape != (5,):
-        raise ValueError(f"RUDDER's featuriser reads WatchRepair observations (MultiDiscrete of 5); got {observation_space}")
-    nvec = observation_space.nvec
-    return RudderCreditConfig(
-        horizon=int(nvec[4]) - 1,
-        n_brands=int(nvec[3]),
-        n_actions=n_actions,
-        **{f.name: getattr(config, f.name) for f in fields(RudderLSTMConfig)},
-    )
+def credit_config(config: RudderConfig) -> RudderCreditConfig:
+    """The rule's config: the LSTM fields of RudderConfig."""
+    return RudderCreditConfig(**{f.name: getattr(config, f.name) for f in fields(RudderLSTMConfig)})
 
 
 class RudderAgent(FirstDecisionAgent):
     config_class = RudderConfig
 
-    def __init__(self, observation_space, action_space, config: RudderConfig, seed: int, component_names=None) -> None:
+    def __init__(self, observation_space, action_space, config: RudderConfig, seed: int, component_names=None,
+                 featurizer: Featurizer | None = None) -> None:
         super().__init__(observation_space, action_space, config, seed, component_names)
-        self.rule = RudderRule(credit_config(config, observation_space, self.n_actions), seed=seed)
+        featurizer = featurizer or SpaceFeaturizer(observation_space, action_space)
+        self.rule = RudderRule(featurizer, config=credit_config(config), seed=seed)
         self.adam_steps_per_event: list[int] = []
 
     def end_episode(self) -> dict[str, float]:

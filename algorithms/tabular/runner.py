@@ -1,8 +1,15 @@
-"""Trains a tabular agent episode by episode until the convergence criterion (SPEC section 4)."""
+"""Trains a tabular agent episode by episode until the convergence criterion or the episode cap.
+
+The criterion (algorithms/common/convergence.py) reads the env contract's evaluation-only
+`first_decision_optimal`; an env without it trains for `max_episodes` and reports its return (and
+success rate, from `is_success`). An agent that takes a `featurizer` (RUDDER) gets the env's
+(vcbm_gym.contract.episode_featurizer).
+"""
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -10,13 +17,13 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from algorithms.common.config import as_plain_dict, build_dataclasses, make_env
-from algorithms.common.convergence import ConvergenceTracker, EpisodeRunConfig
-from algorithms.common.errors import VcbmGymError
+from algorithms.common.convergence import ConvergenceTracker, EpisodeOutcomes, EpisodeRunConfig
 from algorithms.common.run_context import RunContext
 from algorithms.common.scalar_writer import ScalarWriter
 from algorithms.common.validation import AT_LEAST_ONE
 from algorithms.registry import get_algo, load_object
 from algorithms.tabular.base import TabularAgent
+from vcbm_gym.contract import episode_featurizer
 
 
 @dataclass
@@ -48,8 +55,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
     # The passive env checker only inspects the first reset and step; the env tests run the full checkers.
     env = make_env(ctx.env_id, run_cfg.env_kwargs, disable_env_checker=True)
     names = tuple(getattr(env.unwrapped, "component_names", ()) or ()) or None
-    agent = agent_cls(env.observation_space, env.action_space, agent_cfg, ctx.seed, component_names=names)
-    tracker = ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold)
+    extra = {"featurizer": episode_featurizer(env)} if "featurizer" in inspect.signature(agent_cls).parameters else {}
+    agent = agent_cls(env.observation_space, env.action_space, agent_cfg, ctx.seed, component_names=names, **extra)
+    outcomes = EpisodeOutcomes(ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold), repr(ctx.env_id))
     writer = ScalarWriter(ctx.log_dir)
     start = time.perf_counter()
     bar = tqdm(total=run_cfg.max_episodes, desc=f"{ctx.algo} seed {ctx.seed}", unit="ep", disable=not ctx.progress)
@@ -67,30 +75,17 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 episode_return += float(reward)
                 obs = next_obs
             scalars = agent.end_episode()
-            if "first_decision_optimal" not in info:
-                raise VcbmGymError(
-                    f"env {ctx.env_id!r} reports no 'first_decision_optimal' in info: "
-                    "the convergence criterion needs it (evaluation only)"
-                )
-            just_converged = tracker.update(bool(info["first_decision_optimal"]))
+            just_converged = outcomes.update(info, episode_return)
             if episode % run_cfg.log_interval == 0 or just_converged:
-                writer.add_scalars(
-                    episode, {"train/correct_moving_average": tracker.rate, "train/episode_return": episode_return, **scalars}
-                )
+                moving = {f"train/{k}": v for k, v in outcomes.scalars().items() if k != "mean_return"}
+                writer.add_scalars(episode, {**moving, "train/episode_return": episode_return, **scalars})
             bar.update(1)
-            if episode % 50 == 0:
-                bar.set_postfix(correct=f"{tracker.rate:.3f}")
+            if episode % 50 == 0 and outcomes.has_criterion:
+                bar.set_postfix(correct=f"{outcomes.tracker.rate:.3f}")
             if just_converged and run_cfg.stop_at_convergence:
                 break
     finally:
         bar.close()
         writer.close()
         env.close()
-    return {
-        "converged": tracker.converged_at is not None,
-        "episodes_to_converge": tracker.converged_at,
-        "episodes_run": tracker.episodes,
-        "final_correct_rate": tracker.rate,
-        "train_time_s": time.perf_counter() - start,
-        **agent.summary(),
-    }
+    return {**outcomes.summary(), "train_time_s": time.perf_counter() - start, **agent.summary()}

@@ -16,8 +16,10 @@ printed output is the next observation.
   ground truth ends with reward 0 and no `success` key.
 - Every step's info: `state_mutating` (the code wrote to an app database: AppWorld's change
   tracker saw an INSERT/UPDATE/DELETE; a login or a failed DELETE writes nothing),
-  `execution_output`, `code` (what ran), `api_calls` ([{method, app, api}]), `db_writes`,
-  `difficulty`, `task_id`, `num_interactions`.
+  `execution_output`, `code` (what ran), `effect` (its canonical API calls, `effect.code_effect`:
+  EMPO's cells), `api_calls` ([{method, app, api}]), `db_writes`, `difficulty`, `task_id`,
+  `num_interactions`; the evaluated last step adds `success` and SB3's `is_success` (the same flag).
+  These are the env contract's keys (vcbm_gym/contract.py).
 
 Servers: pass `server_pool=` (an `AppWorldServerPool`, one server per concurrent env); without
 it, the env borrows a server from a process-wide growing pool (`pool.shared_pool`), returned on
@@ -39,6 +41,7 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.spaces import Text
 
+from envs.appworld.effect import code_effect
 from envs.appworld.pool import (
     AppWorldServer,
     AppWorldServerError,
@@ -226,6 +229,7 @@ class AppWorldEnv(gym.Env[str, str]):
             "state_mutating": bool(result["state_mutating"]),
             "execution_output": output,
             "code": code,
+            "effect": code_effect(code),
             "api_calls": result["api_calls"],
             "db_writes": result["db_writes"],
             "num_interactions": self._interactions,
@@ -243,6 +247,7 @@ class AppWorldEnv(gym.Env[str, str]):
             reward = evaluation["pass_count"] / evaluation["num_tests"] if evaluation["num_tests"] else 0.0
             info.update(
                 success=bool(evaluation["success"]),
+                is_success=bool(evaluation["success"]),
                 num_tests=evaluation["num_tests"],
                 num_passed=evaluation["pass_count"],
                 evaluation=evaluation,

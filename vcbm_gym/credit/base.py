@@ -95,6 +95,10 @@ class CreditRule(abc.ABC):
     def advantages(self, batch: EpisodeBatch) -> np.ndarray:
         """(B, T) per-step advantages, 0 where `batch.mask` is False."""
 
+    def summary(self) -> dict[str, Any]:
+        """A few plain numbers on what the rule has learned, for a run's summary.json (default: none)."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -116,9 +120,16 @@ RULES: dict[str, str] = {
 }
 
 
-def make_rule(name: str, **kwargs: Any) -> CreditRule:
-    """Build a registered rule by name, e.g. `make_rule("loo")`."""
+def make_rule(name: str, env: Any = None, **kwargs: Any) -> CreditRule:
+    """Build a registered rule by name, e.g. `make_rule("loo")`.
+
+    With `env` (a Gymnasium env), a rule whose inputs depend on the env (RUDDER's features) is
+    built by its `from_env(env, **kwargs)`; the other rules ignore it.
+    """
     if name not in RULES:
         raise KeyError(f"unknown credit rule {name!r}; expected one of: {', '.join(RULES)}")
     module_name, _, cls_name = RULES[name].partition(":")
-    return getattr(importlib.import_module(module_name), cls_name)(**kwargs)
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    if env is not None and hasattr(cls, "from_env"):
+        return cls.from_env(env, **kwargs)
+    return cls(**kwargs)

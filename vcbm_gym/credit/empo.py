@@ -1,11 +1,16 @@
-"""EMPO: effect-marginal ratio sharing (paper 003, Sec. 4.3; SPEC section 7).
+"""EMPO: effect-marginal ratio sharing.
+
+"One Act, Many Masks: Effect-Marginal Policy Optimization for Long-Horizon Agents" (2026; the
+authors and arXiv id are not in the copy this project was built from), Sec. 4.3; the choices this
+project made are in docs/papers/empo.md.
 
 Responses generated in the same context that execute the same canonical effect form a *cell*.
 Inside the PPO-clip objective, every member of a cell of size >= 2 uses the cell's shared ratio
 instead of its token-level ratios, while keeping its own advantage; other responses keep the
 token-level ratio exp(logp_new - logp_old). No extra rollouts, critic or model.
 
-The paper's Eq. 14 (the shared ratio) is not in its text. SPEC section 7 settles it, and so do we:
+The paper's Eq. 14 (the shared ratio) is not in its text; we take the mean of the members' ratios
+(docs/papers/empo.md, "The shared ratio"):
 
     r_i = exp(mean_{t in response i} (logp_new_t - logp_old_t))     (length-normalised; Sec. 5.3)
     r_i = exp(sum_{t in response i} (logp_new_t - logp_old_t))      (--no-length-norm ablation)
@@ -14,19 +19,20 @@ The paper's Eq. 14 (the shared ratio) is not in its text. SPEC section 7 settles
 and the gradient flows through every member's r_i (no stop-gradient), so d R_K / d logp_new_t =
 r_i / (|K| n_i) for token t of member i (n_i its token count; r_i / |K| without length norm).
 
-Canonicalisers map a response to its effect: `canonical_text_action` (text games such as
-TextWatchRepair) and `canonical_python_effect` (AppWorld code, normalised with `ast`). None means
-"no parsable effect": such a response is in no cell.
+Effects come from the environment, never from parsing here: `info["effect"]` of each turn (the
+env contract, vcbm_gym/contract.py; AppWorld's is envs.appworld.effect.code_effect, the text
+envs name the tool called). None means "no executable effect": such a response is in no cell.
 """
 
 from __future__ import annotations
 
-import ast
-import re
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported by `shared_ratios` only, so the mode list costs nothing
+    import torch
 
 RATIO_SHARING_MODES = ("effect", "none", "random")
 
@@ -109,6 +115,8 @@ def shared_ratios(
                          f"{tuple(mask.shape)}, turn_ids {tuple(turn_ids.shape)}: expected equal (B, T) shapes")
     if cell_ids.dim() != 2 or cell_ids.shape[0] != logp_new.shape[0]:
         raise ValueError(f"cell_ids {tuple(cell_ids.shape)}: expected (B={logp_new.shape[0]}, n_turns)")
+    import torch
+
     delta = logp_new - logp_old.detach()
     token_ratio = torch.exp(delta)
     n_turns = cell_ids.shape[1]
@@ -145,68 +153,3 @@ def shared_ratios(
     shared = torch.zeros_like(token_ratio)
     shared[in_cell] = cell_ratio[token_cell[in_cell]]
     return torch.where(in_cell, shared, token_ratio)
-
-
-_CALL = re.compile(r"([A-Za-z_]\w*)\s*\(([^()]*)\)")
-
-
-def canonical_text_action(text: str, vocabulary: Sequence[str] | None = None) -> str | None:
-    """The executed action of a text-game response, lower-cased, or None if there is none.
-
-    Without `vocabulary`: the last tool-call-like `name(args)` in the text ("Thought: ...
-    Action: Skip ()" -> "skip"); arguments, if any, are kept with whitespace removed
-    ("move( 2, 3 )" -> "move(2,3)"). With `vocabulary` (e.g. TextWatchRepair's repair, skip,
-    inspect, wait): the last vocabulary word anywhere, with or without parentheses, which is how
-    that env itself parses an action.
-    """
-    if vocabulary is not None:
-        words = "|".join(re.escape(word) for word in vocabulary)
-        found = re.findall(rf"\b({words})\b", text, flags=re.IGNORECASE)
-        return found[-1].lower() if found else None
-    calls = _CALL.findall(text)
-    if not calls:
-        return None
-    name, args = calls[-1]
-    args = re.sub(r"\s+", "", args)
-    return f"{name.lower()}({args})" if args else name.lower()
-
-
-_FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL | re.IGNORECASE)
-
-
-class _ApiCalls(ast.NodeVisitor):
-    """Calls on `apis.*` (AppWorld's API object) in source order, innermost arguments first."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def visit_Call(self, node: ast.Call) -> None:
-        self.generic_visit(node)
-        func = node.func
-        while isinstance(func, ast.Attribute):
-            func = func.value
-        if isinstance(func, ast.Name) and func.id == "apis":
-            self.calls.append(ast.unparse(node))
-
-
-def canonical_python_effect(code: str) -> str | None:
-    """The effect of an AppWorld code response: its `apis.*` calls, normalised, or None.
-
-    Code inside ```python fences is taken if present (all fenced blocks, in order). The code is
-    parsed with `ast`; if it does not parse, None. The effect is the `apis.<app>.<api>(...)` calls
-    it contains, each `ast.unparse`d (which removes comments and normalises whitespace, quotes
-    and parentheses), joined by "; ". Code with no API call (e.g. only prints) is normalised as a
-    whole module with `ast.unparse`, so formatting-only differences still share a cell.
-    """
-    blocks = _FENCE.findall(code)
-    source = "\n".join(blocks) if blocks else code
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return None
-    visitor = _ApiCalls()
-    visitor.visit(tree)
-    if visitor.calls:
-        return "; ".join(visitor.calls)
-    normalised = ast.unparse(tree)
-    return normalised if normalised.strip() else None

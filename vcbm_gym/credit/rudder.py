@@ -1,23 +1,31 @@
-"""RUDDER return redistribution (paper 000, Sec. II-B, Eq. 3-5; SPEC section 3).
+"""RUDDER return redistribution as a credit rule.
+
+RUDDER: "RUDDER: Return Decomposition for Delayed Rewards", Arjona-Medina, Gillhofer, Widrich,
+Unterthiner, Brandstetter and Hochreiter, NeurIPS 2019, arXiv:1806.07857. The form used here is
+the one of "Visual Causal-chain Bookmarking" (Selvakumar, 2026, arXiv:2610.24032), Sec. II-B,
+Eq. 3-5; the details the paper leaves open are settled in docs/papers/vcbm.md ("RUDDER").
 
 Read top to bottom:
 
-1. `featurize`: per step, the state [flag, counter1, counter2, one-hot brand, t / T] as a difference
-   from the previous step (the first step raw), plus the one-hot action: 8 + 2 features. It reads
-   observation and action arrays only, never an env.
+1. Features: a *featurizer* (vcbm_gym/credit/features.py) maps each episode's observations and
+   actions to per-step input vectors. It comes from the environment (`credit_featurizer()`, e.g.
+   WatchRepair's differences of [flag, counters, one-hot brand, t / T] plus the one-hot action:
+   envs.watch_repair.WatchRepairFeaturizer) or, by default, is the flattened observation and
+   action (`SpaceFeaturizer`). The rule reads arrays only, never an env.
 2. `GatelessLSTM`: forget and output gates removed. Cell input z_t = tanh(W x_t + b) from the
    current input only; input gate i_t = sigmoid(R h_{t-1} + b_i) from the recurrent state only;
    c_t = c_{t-1} + i_t * z_t; h_t = c_t; prediction G_hat_t = Linear(16, 1)(h_t) (Eq. 3).
 3. `rudder_loss` (Eq. 4): squared error against G0 = G / R_scale at the last step plus
    lambda_aux = 0.5 times the mean squared error over all prefixes.
-4. `LessonBuffer`: FIFO of 2,048 featurised episodes, uniform batches of 8 from its own seeded rng.
+4. `LessonBuffer`: FIFO of 2,048 featurised episodes, uniform batches of 8 from its own seeded rng;
+   its rows grow to the longest episode seen (shorter ones are padded and masked by length).
 5. `train_until_converged`: one training event = Adam steps on fresh batches until an exponential
    running average of the main loss (reset to 0.3 at each event, decay 0.99) falls below 0.15, or
    a step cap; the step count is returned for logging. The step itself (`loss_and_gradients`,
    `adam_step`) is written out in numpy over the torch module's float64 parameters: a 50-step
    recurrence through autograd costs several times more in per-op overhead, and a run needs
    ~10^4 steps. Both are tested against torch autograd and torch.optim.Adam. A single Adam step
-   per event never learns the brand effect (SPEC section 3; measured: 0 of 3 seeds converge in
+   per event never learns the brand effect of WatchRepair (measured: 0 of 3 seeds converge in
    10,000 episodes): the schedule, not the model, is the delicate part.
 6. `redistribute` (Eq. 5): r_t = R_scale (G_hat_t - G_hat_{t-1}), G_hat_{-1} = 0; sums to
    R_scale * G_hat_T.
@@ -25,11 +33,12 @@ Read top to bottom:
    (start once the buffer holds > 256 episodes with > 1 distinct return, then every 25 episodes);
    `advantages` returns the redistributed rewards (the raw rewards before the first training event).
 
-Choices where SPEC and paper are silent (config fields of `RudderCreditConfig`):
+Choices where the papers are silent (config fields of `RudderCreditConfig`):
 - Initialisation: every weight matrix N(0, 0.1); the input-gate bias b_i = -3 (so i_0 ~ 0.05 and
   the cell integrates slowly); the cell-input and output biases 0.
 - The running loss is an exponential moving average with decay 0.99 restarted at 0.3 at each
-  event: this reproduces SPEC's "at least ~69 Adam steps per event" (0.3 * 0.99^69 < 0.15).
+  event, so an event takes at least 69 Adam steps (0.3 * 0.99^69 < 0.15), as measured on the
+  RUDDER demonstration code's schedule (docs/papers/vcbm.md, "RUDDER").
 - Cap: 2,000 Adam steps per event (logged, so a capped event is visible).
 - Observations are the states the actions were taken in (s_0 .. s_{T-1}); the terminal state is not
   an input (EpisodeBatch has one observation per step).
@@ -40,12 +49,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from scipy.special import expit
 from torch import nn
 
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
+from vcbm_gym.credit.features import Featurizer
 
 
 @dataclass
@@ -71,52 +82,15 @@ class RudderLSTMConfig:
 
 @dataclass
 class RudderCreditConfig(RudderLSTMConfig):
-    """RudderLSTMConfig plus the input sizes, which a caller reads off the environment's spaces."""
-
-    horizon: int = 50  # T in the t / T feature
-    n_brands: int = 4
-    n_actions: int = 2
+    """RudderLSTMConfig with its values checked (the rule's own config; the input size comes from
+    the featurizer)."""
 
     def __post_init__(self) -> None:
-        for name in ("horizon", "n_brands", "n_actions", "hidden_size", "buffer_capacity", "batch_size", "train_every"):
+        for name in ("hidden_size", "buffer_capacity", "batch_size", "train_every", "max_steps_per_event"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: expected an integer >= 1")
-        if self.max_steps_per_event < 1:
-            raise ValueError(f"max_steps_per_event={self.max_steps_per_event}: expected an integer >= 1")
         if not 0.0 <= self.running_loss_decay < 1.0:
             raise ValueError(f"running_loss_decay={self.running_loss_decay}: expected a value in [0, 1)")
-
-    @property
-    def n_features(self) -> int:
-        return 3 + self.n_brands + 1 + self.n_actions
-
-
-def featurize(observations: np.ndarray, actions: np.ndarray, horizon: int, n_brands: int = 4, n_actions: int = 2) -> np.ndarray:
-    """(B, T, 5) observations [flag, c1, c2, brand, t] and (B, T) actions -> (B, T, 8 + n_actions) float32.
-
-    The 8 state features (flag, c1, c2, one-hot brand, t / horizon) enter as differences from the
-    previous step, the first step raw (SPEC section 3); the action enters one-hot at every step.
-    A single episode ((T, 5), (T,)) is accepted and returns (T, F).
-    """
-    obs = np.asarray(observations)
-    acts = np.asarray(actions)
-    single = obs.ndim == 2
-    if single:
-        obs, acts = obs[None], acts[None]
-    if obs.ndim != 3 or obs.shape[-1] != 5 or acts.shape != obs.shape[:2]:
-        raise ValueError(f"observations {obs.shape} and actions {acts.shape}: expected (B, T, 5) and (B, T)")
-    brand = obs[..., 3].astype(np.int64)
-    if brand.min(initial=0) < 0 or brand.max(initial=0) >= n_brands:
-        raise ValueError(f"brand values outside [0, {n_brands - 1}] in the observations")
-    if acts.min(initial=0) < 0 or acts.max(initial=0) >= n_actions:
-        raise ValueError(f"action values outside [0, {n_actions - 1}]")
-    state = np.concatenate(
-        [obs[..., :3].astype(np.float32), np.eye(n_brands, dtype=np.float32)[brand], obs[..., 4:5].astype(np.float32) / horizon],
-        axis=-1,
-    )
-    diffs = np.diff(state, axis=1, prepend=np.zeros_like(state[:, :1]))
-    features = np.concatenate([diffs, np.eye(n_actions, dtype=np.float32)[acts.astype(np.int64)]], axis=-1)
-    return features[0] if single else features
 
 
 def recurrence_forward(z: np.ndarray, recurrent: np.ndarray, gate_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -244,7 +218,11 @@ def rudder_loss(predictions: torch.Tensor, target: torch.Tensor, lengths: torch.
 
 
 class LessonBuffer:
-    """FIFO ring buffer of featurised episodes with their returns; uniform sampling from a seeded rng."""
+    """FIFO ring buffer of featurised episodes with their returns; uniform sampling from a seeded rng.
+
+    Rows start `max_length` steps long and grow (zero-padded) when a longer episode arrives; a
+    sampled batch is cut to its longest episode. Padding never reaches the loss (lengths mask it).
+    """
 
     def __init__(self, capacity: int, max_length: int, n_features: int, seed: int = 0) -> None:
         if capacity < 1:
@@ -262,8 +240,10 @@ class LessonBuffer:
 
     def add(self, features: np.ndarray, episode_return: float) -> None:
         length = len(features)
-        if not 1 <= length <= self.features.shape[1] or features.shape[1] != self.features.shape[2]:
-            raise ValueError(f"episode features {features.shape}: expected (1..{self.features.shape[1]}, {self.features.shape[2]})")
+        if features.ndim != 2 or length < 1 or features.shape[1] != self.features.shape[2]:
+            raise ValueError(f"episode features {features.shape}: expected (steps >= 1, {self.features.shape[2]})")
+        if length > self.features.shape[1]:
+            self.features = np.pad(self.features, ((0, 0), (0, length - self.features.shape[1]), (0, 0)))
         slot = self.next_slot
         self.features[slot] = 0.0
         self.features[slot, :length] = features
@@ -280,7 +260,8 @@ class LessonBuffer:
         if self.size == 0:
             raise ValueError("cannot sample from an empty lesson buffer")
         idx = self.rng.integers(self.size, size=batch_size)
-        return self.features[idx], self.lengths[idx], self.returns[idx]
+        lengths = self.lengths[idx]
+        return self.features[idx, : lengths.max()], lengths, self.returns[idx]
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -413,26 +394,43 @@ def redistribute(model: GatelessLSTM, features: np.ndarray | torch.Tensor, rewar
 class RudderRule(CreditRule):
     """RUDDER as a credit rule: observe(batch) trains the LSTM on schedule; advantages(batch) redistributes.
 
-    The batch must carry `observations` (B, T, 5) and `actions` (B, T); each episode's real steps
-    are a prefix of its row (`mask`). Training-event statistics are kept in `last_event`.
+    `featurizer` maps the batch's `observations` (B, T, ...) and `actions` (B, T, ...) to the
+    LSTM's per-step inputs (vcbm_gym/credit/features.py); `RudderRule.from_env(env)` takes the
+    env's own (`credit_featurizer()`) or the flattened observation and action. Each episode's real
+    steps are a prefix of its row (`mask`). Training-event statistics are kept in `last_event`.
     """
 
     name = "rudder"
 
-    def __init__(self, config: RudderCreditConfig | None = None, seed: int = 0, **overrides: Any) -> None:
+    def __init__(self, featurizer: Featurizer | None = None, *, config: RudderCreditConfig | None = None, seed: int = 0,
+                 **overrides: Any) -> None:
+        if not isinstance(featurizer, Featurizer):
+            raise ValueError(
+                f"featurizer={featurizer!r}: expected per-step features with `n_features` "
+                "(SpaceFeaturizer(observation_space, action_space), an env's credit_featurizer(), or RudderRule.from_env(env))"
+            )
         cfg = config or RudderCreditConfig()
         if overrides:
             unknown = sorted(set(overrides) - set(asdict(cfg)))
             if unknown:
                 raise ValueError(f"unknown RudderRule option(s) {unknown}; expected fields of RudderCreditConfig: {sorted(asdict(cfg))}")
             cfg = RudderCreditConfig(**{**asdict(cfg), **overrides})
-        self.config = cfg
-        self.model = GatelessLSTM(cfg.n_features, cfg.hidden_size, cfg.init_std, cfg.input_gate_bias_init, seed).double()
+        self.config, self.featurizer = cfg, featurizer
+        n_features = int(featurizer.n_features)
+        self.model = GatelessLSTM(n_features, cfg.hidden_size, cfg.init_std, cfg.input_gate_bias_init, seed).double()
         self.adam = AdamState.zeros_like(parameter_arrays(self.model))
-        self.buffer = LessonBuffer(cfg.buffer_capacity, cfg.horizon, cfg.n_features, seed)
+        self.buffer = LessonBuffer(cfg.buffer_capacity, 1, n_features, seed)
         self.episodes_seen = 0
         self.training_events = 0
         self.last_event: TrainingEvent | None = None
+
+    @classmethod
+    def from_env(cls, env: gym.Env, **kwargs: Any) -> RudderRule:
+        """The rule on `env`'s features: its `credit_featurizer()` if it has one, else the flattened
+        observation and action (the env contract, vcbm_gym/contract.py)."""
+        from vcbm_gym.contract import episode_featurizer
+
+        return cls(episode_featurizer(env), **kwargs)
 
     @property
     def trained(self) -> bool:
@@ -440,15 +438,20 @@ class RudderRule(CreditRule):
 
     def _features(self, batch: EpisodeBatch) -> tuple[np.ndarray, np.ndarray]:
         if batch.observations is None or batch.actions is None:
-            raise ValueError("RudderRule needs batch.observations (B, T, 5) and batch.actions (B, T)")
+            raise ValueError("RudderRule needs batch.observations (B, T, ...) and batch.actions (B, T, ...)")
         lengths = batch.mask.sum(axis=1)
         if not np.array_equal(batch.mask, np.arange(batch.mask.shape[1])[None, :] < lengths[:, None]):
             raise ValueError("RudderRule expects each episode's real steps to be a prefix of its row (mask)")
-        if batch.mask.shape[1] > self.config.horizon:
-            raise ValueError(f"episodes of {batch.mask.shape[1]} steps: expected at most horizon={self.config.horizon}")
-        actions = np.where(batch.mask, batch.actions, 0)
-        cfg = self.config
-        return featurize(batch.observations, actions, cfg.horizon, cfg.n_brands, cfg.n_actions), lengths
+
+        def real(values: np.ndarray) -> np.ndarray:  # padding takes the first step's values (valid in any space)
+            values = np.asarray(values)
+            keep = batch.mask.reshape(batch.mask.shape + (1,) * (values.ndim - 2))
+            return np.where(keep, values, values[:, :1])
+
+        features = self.featurizer(real(batch.observations), real(batch.actions))
+        if features.shape[:2] != batch.mask.shape or features.shape[2] != self.model.cell_input.in_features:
+            raise ValueError(f"featurizer output {features.shape}: expected {batch.mask.shape + (self.model.cell_input.in_features,)}")
+        return features, lengths
 
     def _training_due(self) -> bool:
         cfg = self.config
@@ -475,9 +478,14 @@ class RudderRule(CreditRule):
         features, lengths = self._features(batch)
         return redistribute(self.model, features, self.config.reward_scale, lengths)
 
+    def summary(self) -> dict[str, Any]:
+        return {"n_features": int(self.featurizer.n_features), "episodes_seen": self.episodes_seen,
+                "training_events": self.training_events}
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "config": asdict(self.config),
+            "n_features": int(self.featurizer.n_features),
             "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             "optimizer": {
                 "step": self.adam.step,
@@ -492,6 +500,9 @@ class RudderRule(CreditRule):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["config"] != asdict(self.config):
             raise ValueError("RudderRule.load_state_dict: the saved config differs from this rule's config")
+        if state["n_features"] != self.featurizer.n_features:
+            raise ValueError(f"RudderRule.load_state_dict: saved with {state['n_features']} features, "
+                             f"expected this rule's featurizer's {self.featurizer.n_features}")
         self.model.load_state_dict(state["model"])
         optimizer = state["optimizer"]
         self.adam = AdamState(

@@ -1,0 +1,46 @@
+"""DelayedReward: any Gymnasium env as a delayed-reward task.
+
+The wrapper holds back every step's reward and pays the episode's sum at its last step (the step
+that terminates or truncates it); every other step pays 0. The return, the observations, the
+termination and the `info` are the wrapped env's own, so an agent that maximises the delayed
+return maximises the original one: only the timing of the signal changes, which is what the
+credit rules are for. Use it outside any TimeLimit (registered envs do, through
+`additional_wrappers`), so that a truncation still pays what was earned.
+
+`vcbm_gym` registers it over classic-control tasks as `Delayed<Name>` (e.g. `DelayedCartPole-v1`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+from gymnasium.envs.registration import WrapperSpec
+
+
+class DelayedReward(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Pays an episode's summed reward at its last step and 0 before it."""
+
+    def __init__(self, env: gym.Env) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self)
+        gym.Wrapper.__init__(self, env)
+        self._pending = 0.0
+
+    @classmethod
+    def wrapper_spec(cls) -> WrapperSpec:
+        """The spec to put in `register(..., additional_wrappers=(...,))`."""
+        return WrapperSpec(name=cls.__name__, entry_point=f"{cls.__module__}:{cls.__name__}", kwargs={})
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self._pending = 0.0
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._pending += float(reward)
+        if terminated or truncated:
+            paid: SupportsFloat = self._pending
+            self._pending = 0.0
+        else:
+            paid = 0.0
+        return obs, paid, terminated, truncated, info

@@ -1,0 +1,255 @@
+"""The written contract between environments, credit rules and agents, and its checker.
+
+An environment talks to this project through the Gymnasium API and, beyond it, through a few
+`info` keys. `INFO_KEYS` lists every key a runner or a credit rule reads: its type, when it must
+be present, what it means, who reads it, and whether it is *evaluation only* (never learned from).
+
+- Evaluation-only keys are optional. Without `first_decision_optimal` a tabular or SB3 run has no
+  convergence criterion: it trains for its episode budget and reports its return (and its success
+  rate where the env reports SB3's `is_success`).
+- A key that something needs in order to *learn* (VCBM-LOOP's bookmarks need `state_mutating`,
+  EMPO's cells need `effect`, CASI needs `coalition_values`) is required by that consumer only;
+  `NEEDS` maps each consumer to its keys. Missing, it fails at the first step with one line
+  naming the key and this contract (`require_info`).
+
+An env may also offer `credit_featurizer()` on its unwrapped instance: the per-step features a
+sequence credit model (RUDDER) reads, as a `vcbm_gym.credit.features.Featurizer`. Without it the
+features are the flattened observation and action (`episode_featurizer`).
+
+`check_contract(env, needs=...)` is the user-facing checker, in the spirit of Gymnasium's
+`check_env` (which it runs first): it plays a few episodes and raises `ContractError`, one line,
+at the first key that is missing or has the wrong type. ARCHITECTURE.md ("The env contract")
+has the same table in prose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+STEP, END = "every step", "the episode's last step"
+
+
+class ContractError(ValueError):
+    """An env does not report an `info` key the way the contract says (one line)."""
+
+
+@dataclass(frozen=True)
+class InfoKey:
+    name: str
+    kinds: tuple[type, ...]  # accepted Python / numpy types
+    kind_text: str  # the same for people
+    when: str  # STEP or END
+    meaning: str
+    read_by: str
+    evaluation_only: bool
+
+    def accepts(self, value: Any) -> bool:
+        if self.name == "effect":
+            return value is None or isinstance(value, Hashable)
+        if self.name == "coalition_values":
+            table = np.asarray(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+            return table is not None and table.ndim == 1 and len(table) >= 1 and (len(table) & (len(table) - 1)) == 0
+        return isinstance(value, self.kinds)
+
+
+_BOOL = (bool, np.bool_)
+_NUMBER = (bool, int, float, np.bool_, np.integer, np.floating)
+
+INFO_KEYS: dict[str, InfoKey] = {
+    key.name: key
+    for key in (
+        InfoKey(
+            "first_decision_optimal", _BOOL, "bool", END,
+            "the episode's first decision was the optimal one (known to the env, hidden from agents)",
+            "tabular and SB3 runners: the convergence criterion (correct rate over the last 750 episodes >= 0.95)",
+            evaluation_only=True,
+        ),
+        InfoKey(
+            "is_success", _BOOL, "bool", END,
+            "the episode reached its goal (Stable-Baselines3's own key)",
+            "SB3 runner (SB3 logs rollout/success_rate) and tabular runner (train/success_rate); both summaries",
+            evaluation_only=True,
+        ),
+        InfoKey(
+            "task_goal_completion", _NUMBER, "a number in [0, 1]", END,
+            "how much of the task's goal the episode completed (1 = solved)",
+            "LLM trainer: the task_goal_completion metric (AppWorld's `success` is read when it is absent)",
+            evaluation_only=True,
+        ),
+        InfoKey(
+            "is_decision_turn", _BOOL, "bool", STEP,
+            "this turn made the decision that decides the return",
+            "LLM trainer: the share of advantage mass on deciding turns",
+            evaluation_only=True,
+        ),
+        InfoKey(
+            "state_mutating", _BOOL, "bool", STEP,
+            "this step's action changed the environment's state: a VCBM bookmark",
+            "vcbm-loop (credit rule vcbm_blend): which turns are bookmarks",
+            evaluation_only=False,
+        ),
+        InfoKey(
+            "execution_output", (str,), "str", STEP,
+            "the text the environment returned for this action, the bookmark's memory key (the step's observation "
+            "text when absent)",
+            "vcbm-loop (credit rule vcbm_blend): the hashed embedding of a bookmark",
+            evaluation_only=False,
+        ),
+        InfoKey(
+            "effect", (), "a hashable value, or None for no executable effect", STEP,
+            "the action's canonical executable effect: equal effects in equal contexts share an EMPO cell",
+            "LLM trainer with --ratio-sharing effect (EMPO)",
+            evaluation_only=False,
+        ),
+        InfoKey(
+            "coalition_values", (), "a 1-d array of 2^m numbers", END,
+            "the set action's value for every subset of its m items, indexed by bitmask",
+            "credit rule casi (through EpisodeBatch.extras['coalition_values'])",
+            evaluation_only=False,
+        ),
+    )
+}  # fmt: skip
+
+# Who needs which keys to learn (a consumer's name as the user types it -> keys).
+NEEDS: dict[str, tuple[str, ...]] = {
+    "vcbm-loop": ("state_mutating",),
+    "--ratio-sharing effect": ("effect",),
+    "casi": ("coalition_values",),
+}
+# Credit rules that learn from per-turn info keys; runners that do not collect them refuse these.
+RULE_INFO_KEYS: dict[str, tuple[str, ...]] = {"vcbm_blend": ("state_mutating", "execution_output"), "casi": ("coalition_values",)}
+# The contract's short name in error messages.
+CONTRACT = "the env contract (ARCHITECTURE.md, 'The env contract'; check an env with vcbm_gym.contract.check_contract)"
+
+
+def required_keys(needs: Iterable[str]) -> dict[str, str]:
+    """Consumer names (keys of NEEDS) or info key names -> {key: who needs it}."""
+    out: dict[str, str] = {}
+    for need in needs:
+        if need in NEEDS:
+            out.update({key: need for key in NEEDS[need] if key not in out})
+        elif need in INFO_KEYS:
+            out.setdefault(need, f"info[{need!r}]")
+        else:
+            raise ValueError(f"needs: unknown consumer or key {need!r}; expected one of: {', '.join([*NEEDS, *INFO_KEYS])}")
+    return out
+
+
+def missing_key_message(key: str, consumer: str, env_name: str, where: str) -> str:
+    spec = INFO_KEYS[key]
+    return (
+        f"env {env_name} reports no info[{key!r}] at {where}; {consumer} needs it to learn "
+        f"({spec.meaning}, {spec.kind_text}, on {spec.when}): see {CONTRACT}"
+    )
+
+
+def require_info(info: Mapping[str, Any], needs: Mapping[str, str], env_name: str, where: str = "step 1") -> None:
+    """Raise ContractError (one line) for the first key of `needs` ({key: consumer}) absent from `info`."""
+    for key, consumer in needs.items():
+        if key not in info:
+            raise ContractError(missing_key_message(key, consumer, env_name, where))
+
+
+def check_value(key: str, value: Any, where: str) -> None:
+    """ContractError unless `value` has the type the contract gives `key`."""
+    spec = INFO_KEYS[key]
+    if not spec.accepts(value):
+        shown = repr(value)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise ContractError(f"info[{key!r}] at {where} is {shown} ({type(value).__name__}): expected {spec.kind_text} ({spec.meaning})")
+
+
+def env_name(env: gym.Env) -> str:
+    spec = getattr(env, "spec", None)
+    return repr(spec.id) if spec is not None else type(env.unwrapped).__name__
+
+
+def episode_featurizer(env: gym.Env):
+    """The env's own `credit_featurizer()` if it has one, else the flattened observation and action."""
+    from vcbm_gym.credit.features import SpaceFeaturizer
+
+    own = getattr(env.unwrapped, "credit_featurizer", None)
+    return own() if callable(own) else SpaceFeaturizer(env.observation_space, env.action_space)
+
+
+@dataclass(frozen=True)
+class ContractReport:
+    """What `check_contract` saw: the contract keys reported on every episode, episodes and steps played."""
+
+    reported: frozenset[str]
+    episodes: int
+    steps: int
+
+    def lines(self) -> list[str]:
+        out = []
+        for key in INFO_KEYS.values():
+            status = "reported" if key.name in self.reported else "absent"
+            out.append(f"{key.name}: {status} ({'evaluation only' if key.evaluation_only else 'to learn'}; {key.read_by})")
+        return out
+
+
+def check_contract(
+    env: gym.Env,
+    needs: Iterable[str] = (),
+    episodes: int = 2,
+    seed: int = 0,
+    policy: Callable[[Any], Any] | None = None,
+    max_steps: int = 100_000,
+    reset_options: Mapping[str, Any] | None = None,
+    check_api: bool = True,
+) -> ContractReport:
+    """Check `env` against the contract; raise ContractError (one line) where it breaks it.
+
+    `needs`: consumers (keys of NEEDS, e.g. "vcbm-loop") or info key names that must be reported.
+    Plays `episodes` episodes from `reset(seed=seed)` with `policy(observation)` (default: the
+    action space's own seeded `sample()`), at most `max_steps` steps each. Checks that every needed
+    key is present on every step (or last step) the contract says, that every contract key the env
+    reports has the contract's type, and that an evaluation key reported at one episode's end is
+    reported at every episode's end (the runners decide on the first episode). With `check_api`
+    Gymnasium's own `check_env` runs first, on `env.unwrapped`; the contract is checked on `env` as
+    given, wrappers included (a DelayedReward or TimeLimit changes what the runners see).
+    """
+    if episodes < 1 or max_steps < 1:
+        raise ValueError(f"episodes={episodes}, max_steps={max_steps}: expected both >= 1")
+    required = required_keys(needs)
+    name = env_name(env)
+    if check_api:
+        from gymnasium.utils.env_checker import check_env
+
+        check_env(env.unwrapped, skip_render_check=True)  # Gymnasium's advice: check the unwrapped env
+    env.action_space.seed(seed)
+    act = policy or (lambda _obs: env.action_space.sample())
+    at_end: set[str] | None = None
+    steps = 0
+    for episode in range(1, episodes + 1):
+        obs, _ = env.reset(seed=seed if episode == 1 else None, options=dict(reset_options) if reset_options else None)
+        done, t, info = False, 0, {}
+        while not done:
+            if t >= max_steps:
+                raise ContractError(f"env {name}: episode {episode} did not end within max_steps={max_steps}: "
+                                    "expected episodes that terminate or truncate")
+            obs, _, terminated, truncated, info = env.step(act(obs))
+            t += 1
+            done = bool(terminated or truncated)
+            where = f"step {t} of episode {episode}"
+            for key, spec in INFO_KEYS.items():
+                if key in info:
+                    check_value(key, info[key], where)
+                elif key in required and (spec.when == STEP or done):
+                    raise ContractError(missing_key_message(key, required[key], name, where))
+        steps += t
+        ended = {key for key, spec in INFO_KEYS.items() if key in info and spec.when == END}
+        if at_end is not None and ended != at_end:
+            key = sorted(at_end ^ ended)[0]
+            raise ContractError(
+                f"env {name} reports info[{key!r}] at the end of some episodes but not of episode {episode}: "
+                f"expected it on every episode's last step or on none ({CONTRACT})"
+            )
+        at_end = ended
+    step_keys = {key for key, spec in INFO_KEYS.items() if spec.when == STEP and key in info}
+    return ContractReport(frozenset((at_end or set()) | step_keys), episodes, steps)
