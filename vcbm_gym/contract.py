@@ -161,7 +161,9 @@ def check_value(key: str, value: Any, where: str) -> None:
     if not spec.accepts(value):
         shown = repr(value)
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
-        raise ContractError(f"info[{key!r}] at {where} is {shown} ({type(value).__name__}): expected {spec.kind_text} ({spec.meaning})")
+        raise ContractError(
+            f"info[{key!r}] at {where} is {shown} ({type(value).__name__}): expected {spec.kind_text} ({spec.meaning})"
+        )
 
 
 def env_name(env: gym.Env) -> str:
@@ -231,8 +233,10 @@ def check_contract(
         done, t, info = False, 0, {}
         while not done:
             if t >= max_steps:
-                raise ContractError(f"env {name}: episode {episode} did not end within max_steps={max_steps}: "
-                                    "expected episodes that terminate or truncate")
+                raise ContractError(
+                    f"env {name}: episode {episode} did not end within max_steps={max_steps}: "
+                    "expected episodes that terminate or truncate"
+                )
             obs, _, terminated, truncated, info = env.step(act(obs))
             t += 1
             done = bool(terminated or truncated)

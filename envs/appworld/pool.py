@@ -614,7 +614,8 @@ class AppWorldServerPool:
                 server.launch()
             else:
                 raise AppWorldServerError(
-                    f"All {len(self.servers)} AppWorld servers are in use; make the pool as large as the number of concurrent envs."
+                    f"All {len(self.servers)} AppWorld servers are in use; "
+                    "make the pool as large as the number of concurrent envs."
                 )
         try:
             self.ensure_alive(server)

@@ -63,7 +63,9 @@ class SpaceFeaturizer:
     def __init__(self, observation_space: spaces.Space, action_space: spaces.Space, differences: bool = False) -> None:
         for space in (observation_space, action_space):
             if not isinstance(space, (spaces.Box, spaces.Discrete, spaces.MultiDiscrete, spaces.MultiBinary)):
-                raise TypeError(f"{space}: expected a Box, Discrete, MultiDiscrete or MultiBinary space (or an env credit_featurizer)")
+                raise TypeError(
+                    f"{space}: expected a Box, Discrete, MultiDiscrete or MultiBinary space (or an env credit_featurizer)"
+                )
         self.observation_space, self.action_space, self.differences = observation_space, action_space, bool(differences)
         self.n_features = _width(observation_space) + _width(action_space)
 
