@@ -2,7 +2,7 @@
 
 Runs every (algo, seed) through `algorithms.train.run` in a process pool, one log dir per run
 (`DIR/<algo>/seed<k>/`, where train writes summary.json, config.yml and TensorBoard events), then
-writes `DIR/results.json`, `DIR/table.md` (paper 000 Table II) and `DIR/figure.png` (Figure 1), and
+writes `DIR/results.json`, `DIR/table.md` (Table II of the VCBM paper, arXiv:2610.24032) and `DIR/figure.png` (Figure 1), and
 prints the table.
 
 Resuming: a run whose log dir holds a summary.json written for the same resolved config (its
@@ -260,7 +260,7 @@ def aggregate(args: argparse.Namespace, jobs: list[Job], summaries: dict[Job, di
 
 
 def table_markdown(results: dict[str, Any]) -> str:
-    """Paper 000 Table II: episodes to reach 95% correct first decisions, plus the converged count."""
+    """Table II of the VCBM paper: episodes to reach 95% correct first decisions, plus the converged count."""
     n_seeds = len(results["seeds"])
     lines = [
         f"Episodes to reach 95% correct first decisions ({results['env']}, {n_seeds} seeds each).",
@@ -287,7 +287,7 @@ def table_markdown(results: dict[str, Any]) -> str:
 
 
 def plot_figure(results: dict[str, Any], path: Path) -> None:
-    """Paper 000 Figure 1: per method the min-max band, the mean +- std segment, a marker at the mean
+    """Figure 1 of the VCBM paper: per method the min-max band, the mean +- std segment, a marker at the mean
     (log axis); the individual seeds as dots, hollow for runs that hit the cap. A mean - std below
     the smallest value is drawn from the smallest value (a log axis has no room for <= 0)."""
     import matplotlib

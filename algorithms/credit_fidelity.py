@@ -1,4 +1,5 @@
-"""Credit fidelity of set-level credit rules against a replay Shapley reference (CASI, paper 001).
+"""Credit fidelity of set-level credit rules against a replay Shapley reference (CASI: "CASI: Credit Assignment via Set
+Intervention for Agentic Retrieval", docs/papers/casi.md).
 
     python -m algorithms.credit_fidelity --env SetRetrieval-v0 --requests 1000 --out DIR [--seed S]
     python -m algorithms.credit_fidelity --env SetRetrieval-v0 --train --out DIR

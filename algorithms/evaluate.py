@@ -1,4 +1,5 @@
-"""Evaluate a policy on an AppWorld split: TGC and SGC overall and per difficulty (paper Table III).
+"""Evaluate a policy on an AppWorld split: TGC and SGC overall and per difficulty (Table III of the
+VCBM paper, arXiv:2610.24032).
 
     python -m algorithms.evaluate --env AppWorld-v0 --split dev --model NAME --out DIR
 

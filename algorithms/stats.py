@@ -1,4 +1,5 @@
-"""Statistics of a comparison (paper 000, Sec. V-A4; SPEC section 4): pure functions over lists of numbers."""
+"""Statistics of a comparison ("Visual Causal-chain Bookmarking" (Selvakumar, 2026, arXiv:2610.24032), Sec. V-A4;
+docs/papers/vcbm.md): pure functions over lists of numbers."""
 
 from __future__ import annotations
 

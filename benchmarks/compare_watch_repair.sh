@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 3 acceptance: Table II and Figure 1 on WatchRepair-v0 (paper 000, Sec. V-A; SPEC sections 3-4).
+# Issue 3 acceptance: Table II and Figure 1 on WatchRepair-v0 (VCBM paper, arXiv:2610.24032, Sec. V-A; docs/papers/vcbm.md).
 #   benchmarks/compare_watch_repair.sh [OUT_DIR] [WORKERS]
 # 1. VCBM vs RUDDER, 20 seeds: every RUDDER seed should converge, RUDDER's mean episodes-to-converge
 #    should lie in 2,000-5,000, and Mann-Whitney should say VCBM is faster with p < 0.001.

@@ -1,4 +1,4 @@
-"""Credit-assignment overhead of LOOP / VCBM-LOOP (SPEC section 5; target: < 1% of an iteration).
+"""Credit-assignment overhead of LOOP / VCBM-LOOP (docs/papers/vcbm.md; target: < 1% of an iteration).
 
 1. Trains the tiny CPU setting of `vcbm-loop` on TextWatchRepair-v0 for a few iterations and
    prints the credit computation time (episode batch, LOO, memory update, Eq. 12-14 weights) as a

@@ -11,7 +11,7 @@ ratio is taken between medians of process CPU time. It prints:
    Target: the env at least 0.5x the bare loop's rate.
 2. VCBM CPU time per seed: `algorithms.train.run` (one seed per call: env, agent, TensorBoard
    scalars, summary.json) and `vcbm_batch.run_batch` (all seeds in one batch), against
-   `plain_vcbm` below, a plain per-step numpy VCBM of SPEC section 2 written independently of the
+   `plain_vcbm` below, a plain per-step numpy VCBM (docs/papers/vcbm.md, "Tabular VCBM") written independently of the
    project (it draws the same random numbers, so it also reproduces the project's
    episodes-to-converge, which is checked). Target: at most 1.0x the plain loop.
 3. Wall and CPU time of `--batched-seeds` VCBM seeds in one `run_batch` (target: 1,000 in <= 90 s).
@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 # ------------------------------------------------------------------------------------------------
-# The plain references: straightforward per-step loops over the same constants (SPEC sections 1, 2).
+# The plain references: straightforward per-step loops over the same constants (docs/papers/vcbm.md).
 
 PRICE = np.array([18.0, 28.0, 31.0, 59.0])
 COST_MEAN, COST_SD = np.array([1.0, 4.0, 5.0, 24.5]), np.array([2.0, 2.0, 2.0, 1.0])
@@ -58,7 +58,7 @@ def plain_episode(rng: np.random.Generator, actions: np.ndarray) -> float:
 
 
 def plain_vcbm(seed: int, max_episodes: int = 20_000) -> int | None:
-    """SPEC section 2 VCBM in one plain loop; returns episodes to converge (750-window, 95%)."""
+    """Tabular VCBM (docs/papers/vcbm.md) in one plain loop; returns episodes to converge (750-window, 95%)."""
     import gymnasium as gym  # only for the seeding convention env.reset(seed=k) uses
 
     env_rng = gym.utils.seeding.np_random(seed)[0]
@@ -187,7 +187,10 @@ def main() -> None:
     made, bare, plain = zip(*(env_steps(args.env_episodes) for _ in range(args.repeats)))
     made, bare, plain = statistics.median(made), statistics.median(bare), statistics.median(plain)
     print(f"env steps/s (CPU): gym.make {steps / made:,.0f}   bare env {steps / bare:,.0f}   bare numpy loop {steps / plain:,.0f}")
-    print(f"  ratio gym.make / bare loop = {plain / made:.2f}x rate   bare env / bare loop = {plain / bare:.2f}x rate   (target >= 0.5x)")
+    print(
+        f"  ratio gym.make / bare loop = {plain / made:.2f}x rate   "
+        f"bare env / bare loop = {plain / bare:.2f}x rate   (target >= 0.5x)"
+    )
 
     seeds = list(range(args.seeds))
     single, batched, reference = [], [], []
@@ -211,8 +214,14 @@ def main() -> None:
     single, batched, reference = (statistics.median(x) / n for x in (single, batched, reference))
     project_eps, plain_eps = [project_eps[k] for k in seeds], [plain_eps[k] for k in seeds]
     same = project_eps == plain_eps == [s["episodes_to_converge"] for s in batch_out]
-    print(f"VCBM CPU per seed ({n} seeds, median of {args.repeats}): train.run {single:.3f} s   run_batch {batched:.3f} s   plain loop {reference:.3f} s")
-    print(f"  ratio train.run / plain = {single / reference:.2f}x   run_batch / plain = {batched / reference:.2f}x   (target <= 1.0x)")
+    print(
+        f"VCBM CPU per seed ({n} seeds, median of {args.repeats}): train.run {single:.3f} s   "
+        f"run_batch {batched:.3f} s   plain loop {reference:.3f} s"
+    )
+    print(
+        f"  ratio train.run / plain = {single / reference:.2f}x   "
+        f"run_batch / plain = {batched / reference:.2f}x   (target <= 1.0x)"
+    )
     print(f"  episodes-to-converge identical in all three: {same} ({project_eps})")
 
     if args.batched_seeds:

@@ -1,6 +1,7 @@
-"""SetRetrieval: submit m candidate actions at once, get one reward for the set (SPEC section 6).
+"""SetRetrieval: submit m candidate actions at once, get one reward for the set.
 
-A synthetic analogue of CASI's sponsored-search setting (paper 001). Each request has a pool of
+A synthetic analogue of the sponsored-search setting of "CASI: Credit Assignment via Set Intervention
+for Agentic Retrieval" (docs/papers/casi.md, where the choices are). Each request has a pool of
 P candidate retrieval actions and K information facets with importance weights w_k (Dirichlet(1),
 so the best sets are worth about 1). Like the queries an LLM proposes, candidates are paraphrases
 of a few *intents*: each of the T = `n_intents` intent types gets, per request, a profile that

@@ -1,4 +1,4 @@
-"""TextWatchRepair: the watch-repair task (SPEC section 1) as a multi-turn text environment.
+"""TextWatchRepair: the watch-repair task (docs/papers/vcbm.md, "WatchRepair") as a multi-turn text environment.
 
 The agent reads a text observation and answers with one tool call written as text:
 

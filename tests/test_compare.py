@@ -1,4 +1,4 @@
-"""`algorithms.compare` (Table II, Figure 1) and its statistics (SPEC section 4)."""
+"""`algorithms.compare` (Table II, Figure 1) and its statistics (docs/papers/vcbm.md, "Convergence and statistics")."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from algorithms.train import run  # noqa: E402
 from vcbm_gym.credit.loo import LeaveOneOutRule  # noqa: E402
 from vcbm_gym.credit.vcbm_blend import VCBMBlendRule  # noqa: E402
 
-SPEC_METRICS = (
+LOGGED_METRICS = (
     "loop/mean_return", "loop/task_goal_completion", "loop/max_importance_weight", "loop/max_logprob_diff",
     "loop/kl_estimate", "loop/outlier_gradient_events", "loop/mean_output_tokens", "loop/return_per_1k_tokens",
 )
@@ -119,7 +119,7 @@ def test_vcbm_loop_trains_logs_and_resumes_to_the_same_metrics(tmp_path):
     assert full["iterations_run"] == 3 and full["memory_size"] > 0
     assert _lora_b_norm(tmp_path / "full" / "adapter") > 0  # LoRA B starts at 0: only gradients move it
     scalars = _scalars(tmp_path / "full")
-    for tag in SPEC_METRICS:
+    for tag in LOGGED_METRICS:
         assert [step for step, _ in scalars[tag]] == [1, 2, 3], tag
     assert scalars["loop/max_importance_weight"][-1][1] >= 1.0
     # the trainer's log-probs of the generated tokens match the rollout's: the sequence is built right

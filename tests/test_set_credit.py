@@ -1,4 +1,4 @@
-"""Set-level credit rules (CASI, SPEC section 6) against hand-computed games, and SetRetrieval-v0."""
+"""Set-level credit rules (CASI, docs/papers/casi.md) against hand-computed games, and SetRetrieval-v0."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""VCBM-blended LOO (paper 000 Eq. 12-14, SPEC section 5) against hand-computed numbers."""
+"""VCBM-blended LOO (Eq. 12-14 of the VCBM paper, arXiv:2610.24032; docs/papers/vcbm.md) against hand-computed numbers."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""vcbm+ (beyond the paper): the control-variate estimate and the sequential bookmark policy."""
+"""vcbm+ (beyond the VCBM paper, arXiv:2610.24032): the control-variate estimate and the sequential bookmark policy."""
 
 import math
 

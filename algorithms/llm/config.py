@@ -1,5 +1,6 @@
 """Configs of the LLM arm: `MultiTurnGRPOConfig` (episodes of a text env on TRL's GRPOConfig) and
-`LoopConfig` (LOOP and VCBM-blended LOOP, paper 000 Sec. II-C and IV-B).
+`LoopConfig` (LOOP and VCBM-blended LOOP, "Visual Causal-chain Bookmarking" (Selvakumar, 2026, arXiv:2610.24032),
+Sec. II-C and IV-B).
 
 Names that could be confused:
 

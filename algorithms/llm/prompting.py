@@ -1,6 +1,7 @@
 """The ReAct prompt (one fixed one-shot example) and the three-stage prompt truncation.
 
-Paper 000, Sec. V-B1 / SPEC section 5: once the running prompt exceeds `max_chars` (20,000)
+"Visual Causal-chain Bookmarking" (Selvakumar, 2026, arXiv:2610.24032), Sec. V-B1:
+once the running prompt exceeds `max_chars` (20,000)
 characters it is shortened in three stages, each applied only if the previous one was not enough:
 
 1. blank old observations: every environment message except the task (first user message) and

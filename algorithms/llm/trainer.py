@@ -1,4 +1,5 @@
-"""LOOP and VCBM-blended LOOP on TRL's GRPOTrainer (paper 000 Sec. II-C, IV-B).
+"""LOOP and VCBM-blended LOOP on TRL's GRPOTrainer ("Visual Causal-chain Bookmarking" (Selvakumar, 2026, arXiv:2610.24032),
+Sec. II-C, IV-B).
 
 Two trainers:
 
@@ -14,7 +15,7 @@ Two trainers:
    weights (Eq. 12-14, vcbm_gym.credit.vcbm_blend). The episodic memory is updated here.
 3. `_compute_loss` is the per-token PPO-clip of Eq. 7-8 (eps 0.1, no critic, no KL penalty),
    averaged over the generated tokens of the generation batch, optionally with EMPO's shared
-   ratios (SPEC 7). It estimates the KL to the rollout policy; above `kl_abort` nats the whole
+   ratios (docs/papers/empo.md). It estimates the KL to the rollout policy; above `kl_abort` nats the whole
    iteration is discarded: its remaining micro-batches contribute nothing and, at its end, the
    trainable weights and optimizer state return to their values before the iteration.
 4. `_get_grad_norm` counts outlier-gradient events; `_save_checkpoint` adds the episodic
@@ -366,7 +367,7 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         return np.where(batch.mask, blend(loo, weights, self.args.vcbm_beta), 0.0)
 
     def _cells(self, episodes: list[Episode]) -> np.ndarray:
-        """EMPO cells (SPEC 7) over the generation batch; an "invalid" action has no effect (no cell)."""
+        """EMPO cells (docs/papers/empo.md) over the generation batch; an "invalid" action has no effect (no cell)."""
         from vcbm_gym.credit.empo import cell_coverage, effect_cell_ids
 
         effects = [[None if x in (None, "invalid") else x for x in e.effects] for e in episodes]

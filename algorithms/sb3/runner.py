@@ -7,11 +7,12 @@ RUDDER reads the env's features). Rules that learn from per-turn info keys (vcbm
 RULE_INFO_KEYS: vcbm_blend, casi) are refused: this runner does not collect them. The convergence
 criterion (algorithms/common/convergence.py; needs the env contract's evaluation-only
 `first_decision_optimal`) stops the run, or `max_episodes` does; without that key the run trains
-for `max_episodes` and reports its return and success rate (`is_success`). Hyperparameters: the run's
-own (`SB3RunConfig`) plus the algorithm's constructor arguments, checked against the SB3 class's
-own signature (SB3 is the only source of their defaults; zoo_configs/<algo>.yml lists what differs); credit-rule arguments go under
-`credit_kwargs`, keyed by rule name (`credit_kwargs: {vcbm_bookmark: {alpha: 0.01}}`), so one
-config serves every --credit. SB3 writes its own TensorBoard logs into the run's log dir.
+for `max_episodes` and reports its return and success rate (`is_success`). Hyperparameters: the
+run's own (`SB3RunConfig`) plus the algorithm's constructor arguments, checked against the SB3
+class's own signature (SB3 is the only source of their defaults; zoo_configs/<algo>.yml lists what
+differs); credit-rule arguments go under `credit_kwargs`, keyed by rule name
+(`credit_kwargs: {vcbm_bookmark: {alpha: 0.01}}`), so one config serves every --credit. SB3 writes
+its own TensorBoard logs into the run's log dir.
 """
 
 from __future__ import annotations
@@ -236,7 +237,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         )
     finally:
         env.close()
-    roles = getattr(rule, "roles", None)  # vcbm_bookmark: the causal roles it found (Eq. 9)
+    roles = getattr(rule, "roles", None)  # vcbm_bookmark: the causal roles it found (Eq. 9 of arXiv:2610.24032)
     names = getattr(env.envs[0].unwrapped, "component_names", None) or range(len(roles or []))
     return {
         **convergence.summary(),

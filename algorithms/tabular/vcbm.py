@@ -1,4 +1,5 @@
-"""Tabular VCBM (paper 000, Sec. IV-A; SPEC section 2), read top to bottom.
+"""Tabular VCBM, read top to bottom: "Visual Causal-chain Bookmarking" (Selvakumar, 2026, arXiv:2610.24032),
+Sec. IV-A; choices in docs/papers/vcbm.md ("Tabular VCBM").
 
 1. Warm-up: act uniformly for `warmup_transitions`, counting which component changed under which
    action (`ChangeStatistics`).

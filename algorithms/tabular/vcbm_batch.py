@@ -16,7 +16,7 @@ converge, roles, bookmark values): same random streams, drawn in the same order.
   known after the first action: a seed none of whose later states is a bookmark context draws
   exactly the T - 1 uniform actions `act` would have drawn one by one (`VCBMAgent.random_actions`);
   a seed with a bookmark at t >= 1 (possible while roles are wrong) is stepped through `act`.
-- The change counts of Eq. 9-10 are read only at role refreshes, so each seed's transitions are
+- The change counts of Eq. 9-10 (VCBM paper, arXiv:2610.24032) are read only at role refreshes, so each seed's transitions are
   buffered and counted at the refresh (`ChangeStatistics.update_many`), as the single agent does.
 
 A role refresh must fall on an episode boundary here (warmup_transitions and refresh_every

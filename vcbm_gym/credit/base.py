@@ -27,7 +27,7 @@ class EpisodeBatch:
     step_turn:    (B, T) int turn index of every step (-1 on padding); default: turn = step.
     turn_flags:   name -> per-episode arrays over that episode's turns, e.g. "state_mutating".
     turn_texts:   per-episode lists of per-turn text, e.g. the execution output of each turn.
-    final_texts:  per-episode terminal observation text (VCBM retrieval query, Eq. 13).
+    final_texts:  per-episode terminal observation text (VCBM retrieval query, Eq. 13 of arXiv:2610.24032).
     observations: (B, T, ...) optional per-step observations (tabular rules, GiGPO anchors).
     actions:      (B, T) optional per-step actions.
     extras:       rule-specific inputs, documented by the rule that reads them.

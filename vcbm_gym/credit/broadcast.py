@@ -1,11 +1,12 @@
 """Broadcast: the episode's return minus a baseline, the same on every step (REINFORCE with a
-baseline; paper 000 Sec. II-C: the "undifferentiated trajectory-level signal", Eq. 6 without LOO).
+baseline; the "undifferentiated trajectory-level signal" of "Visual Causal-chain Bookmarking"
+(Selvakumar, 2026, arXiv:2610.24032), Sec. II-C: Eq. 6 without leaving one out).
 
     A_{k,t} = G_k - b,   for every trained step t of episode k.
 
 Baselines (constructor option `baseline`):
   "running_mean" (default): b = the mean of every return observed so far, this batch included
-      (Welford's running mean, paper 000 Eq. 11). Works with groups of one and single episodes.
+      (Welford's running mean, Eq. 11 of the same paper). Works with groups of one and single episodes.
   "batch_mean":  b = the mean return of this batch.
   "group_mean":  b = the mean return of the episode's group (GRPO without the std; see grpo.py).
   "given":       b = batch.extras["baseline"] (B,), supplied by the caller, e.g. an SB3 critic's

@@ -1,4 +1,5 @@
-"""Causal-role discovery of tabular VCBM (paper 000, Sec. IV-A2-3, Eq. 9-10; SPEC section 2).
+"""Causal-role discovery of tabular VCBM: "Visual Causal-chain Bookmarking" (Selvakumar, 2026, arXiv:2610.24032),
+Sec. IV-A2-3, Eq. 9-10; choices in docs/papers/vcbm.md ("Tabular VCBM").
 
 Pure array code: counts of which state components changed under which action, the role of each
 component, and the bookmark contexts (states seen immediately before a controlled change).

@@ -5,7 +5,8 @@
 
 broadcast to every trained step of episode k. The std is the unbiased sample std (ddof=1), as
 TRL's GRPOTrainer computes it; a group of one has no baseline and gets A = 0 (like loo.py).
-Unlike LOO (Eq. 6 of paper 000), the episode's own return is inside its baseline.
+Unlike LOO (Eq. 6 of "Visual Causal-chain Bookmarking" (Selvakumar, 2026, arXiv:2610.24032)),
+the episode's own return is inside its baseline.
 """
 
 from __future__ import annotations

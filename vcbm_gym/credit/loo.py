@@ -1,4 +1,6 @@
-"""Leave-one-out advantage of LOOP (paper 000, Sec. II-C, Eq. 6; SPEC section 5)."""
+"""Leave-one-out advantage of LOOP (Chen et al., "Reinforcement Learning for Long-Horizon Interactive LLM
+Agents", 2025, arXiv:2502.01600), as Eq. 6 of "Visual Causal-chain Bookmarking" (Selvakumar, 2026,
+arXiv:2610.24032, Sec. II-C) writes it."""
 
 from __future__ import annotations
 

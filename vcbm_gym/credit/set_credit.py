@@ -1,4 +1,5 @@
-"""Set-level credit for m jointly chosen actions (CASI, paper 001; SPEC section 6).
+"""Set-level credit for m jointly chosen actions: CASI, "CASI: Credit Assignment via Set Intervention
+for Agentic Retrieval"; formulas and choices in docs/papers/casi.md.
 
 A policy emits a set N = {0..m-1} of actions and gets one reward v(N). Given the coalition
 values v(S) for subsets S of N (CASI's "snapshot-grounded set intervention": the cached
@@ -243,7 +244,7 @@ def token_span_ids(token_offsets: np.ndarray, char_spans: Sequence[tuple[int, in
 
 
 class CASIShapingRule(CreditRule):
-    """CASI: A_t = A^(g) + beta * z_i on the steps of action i (paper 001, Fig. 1).
+    """CASI: A_t = A^(g) + beta * z_i on the steps of action i (the CASI paper, Fig. 1).
 
     Steps are tokens (or env steps); `batch.step_turn[b, t]` is the index i of the action that
     step t belongs to, -1 for shared steps. A^(g) is the base rule's advantage (`base`, default

@@ -1,13 +1,14 @@
 """VCBM for language agents: bookmarks, hashed embeddings, retrieval weights and the LOO blend.
 
-Paper 000, Sec. IV-B (Eq. 12-14); SPEC section 5. A *bookmark* is a turn whose tool call mutated
+"Visual Causal-chain Bookmarking" (Selvakumar, 2026, arXiv:2610.24032), Sec. IV-B, Eq. 12-14;
+choices in docs/papers/vcbm.md ("LOOP and VCBM-blended LOOP"). A *bookmark* is a turn whose tool call mutated
 environment state; its key is the raw execution output of that call. Per rollout, the terminal
 observation is embedded (z_H), compared by cosine to the rollout's own bookmarks, and the top-k
 bookmarked turns share a softmax weight; every other generated token gets the floor alpha. The
 weights are renormalised to sum to the generated-token count and blended with the rollout's
 leave-one-out advantage.
 
-Edge cases (SPEC section 5): with 0 bookmarks the rollout gets plain LOO; with <= k bookmarks the
+Edge cases (docs/papers/vcbm.md): with 0 bookmarks the rollout gets plain LOO; with <= k bookmarks the
 paper skips retrieval and gives every bookmarked turn the floor alpha, so every token weighs alpha
 and the renormalised weights are all 1: again plain LOO. `few_bookmarks="retrieve"` is an opt-in
 alternative (not the paper's) that ranks however many bookmarks there are (softmax over all of
@@ -189,7 +190,7 @@ class VCBMBlendRule(CreditRule):
     (per-episode bools over turns), `turn_texts` (per-episode execution output per turn) and
     `final_texts` (terminal observation per episode). `observe` stores every bookmark of the batch
     in the episodic memory (turn index, embedding, episode return); the memory persists through
-    `state_dict` / `load_state_dict`. Following SPEC section 5, Eq. 13 ranks the rollout's own
+    `state_dict` / `load_state_dict`. Eq. 13 ranks the rollout's own (docs/papers/vcbm.md)
     bookmarks; the memory is kept for persistence and analysis and does not change the weights.
     """
 

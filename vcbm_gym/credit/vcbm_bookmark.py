@@ -1,4 +1,5 @@
-"""Tabular VCBM bookmarks as a credit rule: the tabular analogue of paper 000 Eq. 13-14.
+"""Tabular VCBM bookmarks as a credit rule: the tabular analogue of Eq. 13-14 of
+"Visual Causal-chain Bookmarking" (Selvakumar, 2026, arXiv:2610.24032).
 
 The causal-role classifier of tabular VCBM (Eq. 9-10, causal_roles.py) decides which steps are
 bookmarks: a step whose state, projected on the controlled and clock components, equals a context

@@ -1,4 +1,5 @@
-"""Welford running mean and variance (paper 000, Eq. 11), the bookmark action z-test, and (vcbm+,
+"""Welford running mean and variance (Welford, Technometrics 1962, as Eq. 11 of
+"Visual Causal-chain Bookmarking" (Selvakumar, 2026, arXiv:2610.24032)), the bookmark action z-test, and (vcbm+,
 beyond the paper) Welford co-moments for a control-variate mean."""
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Welford:
 def two_sample_z(a: Welford, b: Welford) -> float:
     """Sec. IV-A4: z = |mu_0 - mu_1| / sqrt(SE_0^2 + SE_1^2).
 
-    The paper prints SE_0^2 + SE_0^2, a typo (SPEC section 2). When both standard errors are 0
+    The paper prints SE_0^2 + SE_0^2, a typo (docs/papers/vcbm.md, "Tabular VCBM"). When both standard errors are 0
     (e.g. two constant returns) z is infinite if the means differ and 0 if they are equal.
     """
     return z_statistic(a.mean, a.standard_error, b.mean, b.standard_error)
