@@ -152,6 +152,16 @@ def test_sb3_refuses_rules_that_learn_from_info_it_does_not_collect(run_cli, tmp
     assert "\n" not in line and "vcbm_blend" in line and "info['state_mutating']" in line
 
 
+def test_a_rule_that_needs_discrete_states_is_refused_before_the_run_on_a_float_env(tmp_path):
+    from algorithms.common.errors import ConfigError
+    from algorithms.train import run
+
+    with pytest.raises(ConfigError) as excinfo:
+        run(["--algo", "ppo", "--credit", "vcbm_bookmark", "--env", "DelayedCartPole-v1", "--log-dir", str(tmp_path / "run")])
+    assert "'DelayedCartPole-v1'" in _one_line(excinfo) and "Discrete(2)" in str(excinfo.value)
+    assert not (tmp_path / "run").exists()
+
+
 def test_delayed_reward_pays_the_sum_at_the_last_step_truncation_included():
     plain, delayed = gym.make("MountainCar-v0"), gym.make("DelayedMountainCar-v0")
     assert delayed.spec.max_episode_steps == plain.spec.max_episode_steps == 200

@@ -143,7 +143,7 @@ def test_unknown_credit_is_one_clear_error(tmp_path):
 def test_credit_kwargs_are_keyed_by_rule_name(tmp_path):
     with pytest.raises(VcbmGymError, match=r"credit_kwargs\['alpha'\]"):
         train(["--algo", "ppo", "--credit", "vcbm_bookmark", "--hyperparams", "credit_kwargs={alpha: 0.1}", "--log-dir", str(tmp_path)])
-    with pytest.raises(VcbmGymError, match="for rule 'vcbm_bookmark': alpha=0.0"):
+    with pytest.raises(VcbmGymError, match="credit rule 'vcbm_bookmark' .* on 'WatchRepair-v0': alpha=0.0"):
         train(["--algo", "ppo", "--credit", "vcbm_bookmark", "--max-episodes", "1", "--hyperparams",
                "credit_kwargs={vcbm_bookmark: {alpha: 0.0}}", "--log-dir", str(tmp_path)])
 

@@ -62,7 +62,8 @@ def test_episode_is_horizon_steps_and_info_marks_the_first_decision():
     for t in range(2, 8):
         obs, reward, terminated, truncated, info = env.step(KEEP)
         assert terminated == (t == 7) and not truncated
-    assert obs[4] == 7 and info["first_decision_optimal"] is True
+        assert ("is_success" in info) == terminated  # SB3's key, on the last step only
+    assert obs[4] == 7 and info["first_decision_optimal"] is True and info["is_success"] is True
     with pytest.raises(RuntimeError, match="after the episode ended"):
         env.step(KEEP)
 
@@ -122,14 +123,18 @@ def test_vector_env_with_one_seed_per_sub_env_replays_the_single_envs_with_those
     obs = [env.reset(seed=k)[0] for env, k in zip(envs, seeds)]
     actions = np.random.default_rng(1).integers(0, 2, size=(3 * 51, len(seeds)))
     for step, row in enumerate(actions):
-        vobs, vreward, vterm, _, _ = venv.step(row)
+        vobs, vreward, vterm, _, vinfo = venv.step(row)
         for i, env in enumerate(envs):
             if step % 51 == 50:  # the vector env's autoreset step
                 obs[i], _ = env.reset()
-                assert vreward[i] == 0.0 and not vterm[i]
+                assert vreward[i] == 0.0 and not vterm[i] and not vinfo["_first_decision_optimal"][i]
             else:
-                obs[i], reward, term, _, _ = env.step(int(row[i]))
+                obs[i], reward, term, _, info = env.step(int(row[i]))
                 assert reward == vreward[i] and term == vterm[i]
+                # the single env's evaluation keys, in Gymnasium's vector layout (value + "_" mask)
+                assert vinfo["_first_decision_optimal"][i] and vinfo["first_decision_optimal"][i] == info["first_decision_optimal"]
+                assert vinfo["_is_success"][i] == ("is_success" in info)
+                assert vinfo["is_success"][i] == info.get("is_success", False)
             assert obs[i].tolist() == vobs[i].tolist()
     with pytest.raises(ValueError, match="2 seeds: expected one int or num_envs=3 ints"):
         venv.reset(seed=[1, 2])

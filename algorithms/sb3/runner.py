@@ -47,7 +47,7 @@ from algorithms.common.validation import (
 from algorithms.registry import get_algo, load_object
 from algorithms.sb3.callbacks import GROUP_BY, ConvergenceCallback, CreditCallback
 from algorithms.sb3.wrappers import EpisodeRedistributionBuffer
-from vcbm_gym.contract import RULE_INFO_KEYS
+from vcbm_gym.contract import RULE_INFO_KEYS, env_name
 from vcbm_gym.credit.base import RULES, CreditRule, make_rule
 
 
@@ -187,7 +187,7 @@ def build_rule(name: str, kwargs: dict[str, Any], env: gym.Env) -> CreditRule | 
     except ModuleNotFoundError as exc:
         raise VcbmGymError(f"credit rule {name!r} is registered as {RULES[name]!r} but cannot be imported: {exc}") from None
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"credit_kwargs {kwargs!r} for rule {name!r}: {exc}") from None
+        raise ConfigError(f"credit rule {name!r} (credit_kwargs {kwargs!r}) on {env_name(env)}: {exc}") from None
 
 
 def episode_steps(env: gym.Env, configured: int | None) -> int:

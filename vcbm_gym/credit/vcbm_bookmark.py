@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 from vcbm_gym.credit.broadcast import BroadcastRule
@@ -66,6 +67,22 @@ class VCBMBookmarkRule(CreditRule):
         self.stats: ChangeStatistics | None = None
         self.roles: list[Role] | None = None
         self.contexts: set[tuple[int, ...]] = set()
+
+    @classmethod
+    def from_env(cls, env: Any, **kwargs: Any) -> VCBMBookmarkRule:
+        """The rule for `env`, refused with one line unless its states are factored and discrete
+        (MultiDiscrete, Discrete, MultiBinary, or an integer Box) and it has two actions."""
+        obs_space, act_space = env.observation_space, env.action_space
+        discrete = isinstance(obs_space, (spaces.MultiDiscrete, spaces.Discrete, spaces.MultiBinary)) or (
+            isinstance(obs_space, spaces.Box) and np.issubdtype(obs_space.dtype, np.integer)
+        )
+        two_actions = isinstance(act_space, spaces.Discrete) and act_space.n == 2 and act_space.start == 0
+        if not (discrete and two_actions):
+            raise ValueError(
+                f"observation space {obs_space} and action space {act_space}: vcbm_bookmark's causal-role test "
+                "expects integer state components (MultiDiscrete, Discrete, MultiBinary or an integer Box) and Discrete(2) actions"
+            )
+        return cls(**kwargs)
 
     def observe(self, batch: EpisodeBatch) -> None:
         self.returns.observe(batch)
