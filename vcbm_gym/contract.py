@@ -38,76 +38,84 @@ class ContractError(ValueError):
     """An env does not report an `info` key the way the contract says (one line)."""
 
 
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, (bool, np.bool_))
+
+
+def _is_unit_number(value: Any) -> bool:
+    return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)) and 0.0 <= float(value) <= 1.0
+
+
+def _is_effect(value: Any) -> bool:
+    return value is None or isinstance(value, Hashable)
+
+
+def _is_coalition_table(value: Any) -> bool:
+    if not isinstance(value, (list, tuple, np.ndarray)):
+        return False
+    table = np.asarray(value)
+    return table.ndim == 1 and len(table) >= 1 and (len(table) & (len(table) - 1)) == 0 and np.issubdtype(table.dtype, np.number)
+
+
 @dataclass(frozen=True)
 class InfoKey:
     name: str
-    kinds: tuple[type, ...]  # accepted Python / numpy types
-    kind_text: str  # the same for people
+    accepts: Callable[[Any], bool]  # is a value of the contract's type
+    kind_text: str  # the type, for people
     when: str  # STEP or END
     meaning: str
     read_by: str
     evaluation_only: bool
 
-    def accepts(self, value: Any) -> bool:
-        if self.name == "effect":
-            return value is None or isinstance(value, Hashable)
-        if self.name == "coalition_values":
-            table = np.asarray(value) if isinstance(value, (list, tuple, np.ndarray)) else None
-            return table is not None and table.ndim == 1 and len(table) >= 1 and (len(table) & (len(table) - 1)) == 0
-        return isinstance(value, self.kinds)
-
-
-_BOOL = (bool, np.bool_)
-_NUMBER = (bool, int, float, np.bool_, np.integer, np.floating)
 
 INFO_KEYS: dict[str, InfoKey] = {
     key.name: key
     for key in (
         InfoKey(
-            "first_decision_optimal", _BOOL, "bool", END,
+            "first_decision_optimal", _is_bool, "bool", END,
             "the episode's first decision was the optimal one (known to the env, hidden from agents)",
             "tabular and SB3 runners: the convergence criterion (correct rate over the last 750 episodes >= 0.95)",
             evaluation_only=True,
         ),
         InfoKey(
-            "is_success", _BOOL, "bool", END,
+            "is_success", _is_bool, "bool", END,
             "the episode reached its goal (Stable-Baselines3's own key)",
             "SB3 runner (SB3 logs rollout/success_rate) and tabular runner (train/success_rate); both summaries",
             evaluation_only=True,
         ),
         InfoKey(
-            "task_goal_completion", _NUMBER, "a number in [0, 1]", END,
+            "task_goal_completion", _is_unit_number, "a number in [0, 1]", END,
             "how much of the task's goal the episode completed (1 = solved)",
             "LLM trainer: the task_goal_completion metric (AppWorld's `success` is read when it is absent)",
             evaluation_only=True,
         ),
         InfoKey(
-            "is_decision_turn", _BOOL, "bool", STEP,
+            "is_decision_turn", _is_bool, "bool", STEP,
             "this turn made the decision that decides the return",
             "LLM trainer: the share of advantage mass on deciding turns",
             evaluation_only=True,
         ),
         InfoKey(
-            "state_mutating", _BOOL, "bool", STEP,
+            "state_mutating", _is_bool, "bool", STEP,
             "this step's action changed the environment's state: a VCBM bookmark",
             "vcbm-loop (credit rule vcbm_blend): which turns are bookmarks",
             evaluation_only=False,
         ),
         InfoKey(
-            "execution_output", (str,), "str", STEP,
+            "execution_output", lambda value: isinstance(value, str), "str", STEP,
             "the text the environment returned for this action, the bookmark's memory key (the step's observation "
             "text when absent)",
             "vcbm-loop (credit rule vcbm_blend): the hashed embedding of a bookmark",
             evaluation_only=False,
         ),
         InfoKey(
-            "effect", (), "a hashable value, or None for no executable effect", STEP,
+            "effect", _is_effect, "a hashable value, or None for no executable effect", STEP,
             "the action's canonical executable effect: equal effects in equal contexts share an EMPO cell",
             "LLM trainer with --ratio-sharing effect (EMPO)",
             evaluation_only=False,
         ),
         InfoKey(
-            "coalition_values", (), "a 1-d array of 2^m numbers", END,
+            "coalition_values", _is_coalition_table, "a 1-d array of 2^m numbers", END,
             "the set action's value for every subset of its m items, indexed by bitmask",
             "credit rule casi (through EpisodeBatch.extras['coalition_values'])",
             evaluation_only=False,
