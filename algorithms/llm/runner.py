@@ -12,7 +12,7 @@ through peft otherwise. `trl-grpo` is TRL's own GRPOTrainer objective and sequen
 advantage over the same multi-turn episodes: the external baseline. Checkpoints (weights,
 optimizer, scheduler, RNG, episodic memory, counters) go to <log-dir>/checkpoints every
 `--checkpoint-every` iterations; `--resume` continues from the latest one. The per-iteration
-metrics (docs/papers/vcbm.md, "LOOP and VCBM-LOOP") are written to TensorBoard under `loop/`.
+metrics (docs/papers/vcbm.md, "LOOP and VCBM-blended LOOP") are written to TensorBoard under `loop/`.
 
 Before any model is built, one step of the env checks that it reports what the run learns from
 (the env contract, vcbm_gym/contract.py): `state_mutating` for vcbm-loop, `effect` for

@@ -10,7 +10,7 @@ instead of its token-level ratios, while keeping its own advantage; other respon
 token-level ratio exp(logp_new - logp_old). No extra rollouts, critic or model.
 
 The paper's Eq. 14 (the shared ratio) is not in its text; we take the mean of the members' ratios
-(docs/papers/empo.md, "The shared ratio"):
+(docs/papers/empo.md, "Choices this project made"):
 
     r_i = exp(mean_{t in response i} (logp_new_t - logp_old_t))     (length-normalised; Sec. 5.3)
     r_i = exp(sum_{t in response i} (logp_new_t - logp_old_t))      (--no-length-norm ablation)
