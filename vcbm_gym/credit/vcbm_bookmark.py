@@ -79,8 +79,8 @@ class VCBMBookmarkRule(CreditRule):
         two_actions = isinstance(act_space, spaces.Discrete) and act_space.n == 2 and act_space.start == 0
         if not (discrete and two_actions):
             raise ValueError(
-                f"observation space {obs_space} and action space {act_space}: vcbm_bookmark's causal-role test "
-                "expects integer state components (MultiDiscrete, Discrete, MultiBinary or an integer Box) and Discrete(2) actions"
+                f"observation space {obs_space} and action space {act_space}: vcbm_bookmark's causal-role test expects "
+                "integer state components (MultiDiscrete, Discrete, MultiBinary or an integer Box) and Discrete(2) actions"
             )
         return cls(**kwargs)
 
