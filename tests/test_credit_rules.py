@@ -25,19 +25,28 @@ def _importable(name: str) -> bool:
         return False
 
 
-# Rules that read only rewards, masks, groups, and discrete observations/actions. rudder reads
-# features of the observations (here WatchRepair's 5 components) and is tested below on such batches.
-GENERIC_RULES = {
+# Constructor arguments of every registered rule in the shared contract test (rudder gets
+# WatchRepair's featurizer there, as its batches have WatchRepair's 5 components).
+RULE_KWARGS = {
     "broadcast": {},
     "loo": {},
     "grpo": {},
+    "gigpo": {},
     "vcbm_bookmark": {"warmup_transitions": 0, "z_thresh": 1.0},
+    "vcbm_blend": {"few_bookmarks": "retrieve", "top_k": 2},
+    "casi": {},
+    "rudder": {},
 }
+WORDS = ["repair", "skip", "wait", "corvina", "bumps", "sold"]
 
 
 @st.composite
 def batches(draw, n_components: int = 3, max_value: int = 2, prefix: bool = False) -> EpisodeBatch:
-    """Random batches; `prefix`: every episode is a non-empty prefix of its row (SB3, rudder)."""
+    """Random batches; `prefix`: every episode is a non-empty prefix of its row (SB3, rudder).
+
+    Every step is its own turn; the batch also holds the turn-level inputs of the LLM rules
+    (state_mutating flags, turn and final texts, GiGPO anchors) and CASI's coalition tables.
+    """
     b = draw(st.integers(1, 6))
     t = draw(st.integers(1, 7))
     rewards = draw(hnp.arrays(np.float64, (b, t), elements=st.floats(-50, 50, allow_nan=False)))
@@ -49,20 +58,58 @@ def batches(draw, n_components: int = 3, max_value: int = 2, prefix: bool = Fals
     groups = draw(hnp.arrays(np.int64, (b,), elements=st.integers(0, 2)))
     obs = draw(hnp.arrays(np.int64, (b, t, n_components), elements=st.integers(0, max_value)))
     actions = draw(hnp.arrays(np.int64, (b, t), elements=st.integers(0, 1)))
-    return EpisodeBatch(np.where(mask, rewards, 0.0), mask, groups, observations=obs, actions=actions)
+    flags = [draw(hnp.arrays(np.bool_, (t,))) for _ in range(b)]
+    words = st.lists(st.sampled_from(WORDS), min_size=0, max_size=3).map(" ".join)
+    texts = [draw(st.lists(words, min_size=t, max_size=t)) for _ in range(b)]
+    tables = [draw(hnp.arrays(np.float64, (2**t,), elements=st.floats(-5, 5, allow_nan=False))) for _ in range(b)]
+    return EpisodeBatch(np.where(mask, rewards, 0.0), mask, groups, observations=obs, actions=actions,
+                        turn_flags={"state_mutating": flags}, turn_texts=texts, final_texts=[draw(words) for _ in range(b)],
+                        extras={"anchor_keys": [[str(o) for o in obs[i, :, 0]] for i in range(b)], "coalition_values": tables})
+
+
+def only_needs(batch: EpisodeBatch, needs) -> EpisodeBatch:
+    """The batch with only what `needs` names (the first of each "a | b"), besides rewards, mask, groups and turns."""
+    named = {need.split("|")[0].strip() for need in needs}
+    return EpisodeBatch(
+        batch.rewards, batch.mask, batch.group_ids, batch.step_turn,
+        turn_flags={k: v for k, v in batch.turn_flags.items() if f"turn_flags[{k!r}]" in named},
+        turn_texts=batch.turn_texts if "turn_texts" in named else None,
+        final_texts=batch.final_texts if "final_texts" in named else None,
+        observations=batch.observations if "observations" in named else None,
+        actions=batch.actions if "actions" in named else None,
+        extras={k: v for k, v in batch.extras.items() if f"extras[{k!r}]" in named},
+    )
+
+
+def _contract_rule(name):
+    if name != "rudder":
+        return make_rule(name, **RULE_KWARGS[name])
+    from envs.watch_repair import WatchRepairFeaturizer
+
+    return make_rule("rudder", featurizer=WatchRepairFeaturizer())
+
+
+def test_the_contract_test_covers_every_registered_rule():
+    assert set(RULE_KWARGS) == set(RULES)
 
 
 @settings(max_examples=25, deadline=None)
-@given(first=batches(), second=batches())
-@pytest.mark.parametrize("name", sorted(GENERIC_RULES))
-def test_shapes_masks_and_state_round_trip(name, first, second):
-    rule = make_rule(name, **GENERIC_RULES[name])
+@given(data=st.data())
+@pytest.mark.parametrize("name", sorted(RULES))
+def test_shapes_masks_and_state_round_trip(name, data):
+    """The shared contract, for every registered rule: fed a batch that holds only what its `needs()`
+    names, (B, T) finite advantages, 0 off the mask, and a state that round-trips."""
+    if not _importable(name):
+        pytest.skip(f"{RULES[name]} not importable here")
+    shape = {"n_components": 5, "max_value": 3, "prefix": True} if name == "rudder" else {}
+    rule = _contract_rule(name)
+    first, second = (only_needs(data.draw(batches(**shape)), rule.needs()) for _ in range(2))
     rule.observe(first)
     out = rule.advantages(first)
     assert out.shape == first.rewards.shape and np.isfinite(out).all()
     assert np.all(out[~first.mask] == 0.0)
 
-    restored = make_rule(name, **GENERIC_RULES[name])
+    restored = _contract_rule(name)
     restored.load_state_dict(copy.deepcopy(rule.state_dict()))
     np.testing.assert_array_equal(restored.advantages(second), rule.advantages(second))
     rule.observe(second)

@@ -87,6 +87,14 @@ class CreditRule(abc.ABC):
     """
 
     name: ClassVar[str]
+    # What the rule reads beyond `rewards` and `mask`: EpisodeBatch field names ("observations"),
+    # "extras['key']" / "turn_flags['key']" for a named entry, "a | b" for either of two. A caller
+    # that cannot fill one (the LLM arm has no observations) refuses the rule before it runs.
+    batch_needs: ClassVar[tuple[str, ...]] = ()
+
+    def needs(self) -> tuple[str, ...]:
+        """The batch inputs this instance reads (default: the class's `batch_needs`)."""
+        return self.batch_needs
 
     def observe(self, batch: EpisodeBatch) -> None:
         """Learn from a batch (default: a stateless rule learns nothing)."""
@@ -118,6 +126,11 @@ RULES: dict[str, str] = {
     "gigpo": "vcbm_gym.credit.gigpo:GiGPORule",
     "casi": "vcbm_gym.credit.set_credit:CASIShapingRule",
 }
+
+
+def unmet_needs(needs: Sequence[str], provided: set[str]) -> list[str]:
+    """The entries of `needs` (see CreditRule.batch_needs) of which no alternative is in `provided`."""
+    return [need for need in needs if not any(alt.strip() in provided for alt in need.split("|"))]
 
 
 def make_rule(name: str, env: Any = None, **kwargs: Any) -> CreditRule:

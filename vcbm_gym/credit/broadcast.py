@@ -46,6 +46,9 @@ class BroadcastRule(CreditRule):
         self.count = 0
         self.mean = 0.0
 
+    def needs(self) -> tuple[str, ...]:
+        return {"group_mean": ("group_ids",), "given": ("extras['baseline']",)}.get(self.baseline, ())
+
     def observe(self, batch: EpisodeBatch) -> None:
         for g in batch.returns:  # Eq. 11, the mean only
             self.count += 1

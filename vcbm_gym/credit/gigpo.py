@@ -65,6 +65,7 @@ class GiGPORule(CreditRule):
     """A_{k,t} = A^E_k + w * A^S_{k,turn(t)} on every trained step (module docstring)."""
 
     name = "gigpo"
+    batch_needs = ("group_ids", "extras['anchor_keys'] | observations")
 
     def __init__(self, step_weight: float = 1.0, gamma: float = 0.95, normalise_std: bool = True,
                  eps: float = 1e-4) -> None:

@@ -32,6 +32,7 @@ def group_relative_advantages(
 
 class GroupMeanRule(CreditRule):
     name = "grpo"
+    batch_needs = ("group_ids",)
 
     def __init__(self, normalise_std: bool = True, eps: float = 1e-4) -> None:
         if eps < 0:

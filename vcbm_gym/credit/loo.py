@@ -30,6 +30,7 @@ class LeaveOneOutRule(CreditRule):
     """Every step of rollout k gets the LOO advantage A_k of its episode (LOOP)."""
 
     name = "loo"
+    batch_needs = ("group_ids",)
 
     def advantages(self, batch: EpisodeBatch) -> np.ndarray:
         return batch.broadcast(loo_advantages(batch.returns, batch.group_ids))

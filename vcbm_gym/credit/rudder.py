@@ -401,6 +401,7 @@ class RudderRule(CreditRule):
     """
 
     name = "rudder"
+    batch_needs = ("observations", "actions")
 
     def __init__(self, featurizer: Featurizer | None = None, *, config: RudderCreditConfig | None = None, seed: int = 0,
                  **overrides: Any) -> None:

@@ -256,6 +256,7 @@ class CASIShapingRule(CreditRule):
     """
 
     name = "casi"
+    batch_needs = ("extras['coalition_values']",)
 
     def __init__(self, beta: float = 1.0, bound: float = 1.0, base: str = "loo", credit: str = "shapley",
                  shaping_mode: str = "project",
@@ -266,6 +267,12 @@ class CASIShapingRule(CreditRule):
             raise ValueError("base='casi': expected a broadcast-style base rule such as 'loo' or 'grpo'")
         self.beta, self.bound, self.base, self.credit = float(beta), float(bound), base, credit
         self.shaping_mode, self.evaluator = shaping_mode, evaluator
+
+    def needs(self) -> tuple[str, ...]:
+        from vcbm_gym.credit.base import make_rule
+
+        own = () if self.evaluator is not None else self.batch_needs
+        return own + tuple(n for n in make_rule(self.base).needs() if n not in own)
 
     def advantages(self, batch: EpisodeBatch) -> np.ndarray:
         from vcbm_gym.credit.base import make_rule

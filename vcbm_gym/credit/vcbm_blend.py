@@ -195,6 +195,7 @@ class VCBMBlendRule(CreditRule):
     """
 
     name = "vcbm_blend"
+    batch_needs = ("group_ids", "turn_flags['state_mutating']", "turn_texts", "final_texts")
 
     def __init__(
         self,
@@ -249,6 +250,9 @@ class VCBMBlendRule(CreditRule):
     def advantages(self, batch: EpisodeBatch) -> np.ndarray:
         loo = loo_advantages(batch.returns, batch.group_ids)
         return np.where(batch.mask, blend(loo, self.token_weights(batch), self.beta), 0.0)
+
+    def summary(self) -> dict[str, Any]:
+        return {"memory_size": len(self.memory)}
 
     def state_dict(self) -> dict[str, Any]:
         return {"memory": self.memory.state_dict()}

@@ -46,6 +46,7 @@ def bookmark_weights(mask: np.ndarray, is_bookmark: np.ndarray, alpha: float) ->
 
 class VCBMBookmarkRule(CreditRule):
     name = "vcbm_bookmark"
+    batch_needs = ("observations", "actions")
 
     def __init__(
         self,
@@ -67,6 +68,9 @@ class VCBMBookmarkRule(CreditRule):
         self.stats: ChangeStatistics | None = None
         self.roles: list[Role] | None = None
         self.contexts: set[tuple[int, ...]] = set()
+
+    def needs(self) -> tuple[str, ...]:
+        return self.batch_needs + (("extras['advantages']",) if self.advantage == "given" else ())
 
     @classmethod
     def from_env(cls, env: Any, **kwargs: Any) -> VCBMBookmarkRule:
