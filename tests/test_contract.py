@@ -112,9 +112,12 @@ def test_the_contract_names_every_key_a_runner_or_rule_reads():
 
 
 def test_llm_runner_checks_what_the_run_learns_from_at_the_first_step():
-    assert info_needs("vcbm", "effect") == {"state_mutating": "vcbm-loop", "effect": "--ratio-sharing effect"}
+    assert info_needs("vcbm_blend", "effect") == {
+        "state_mutating": "--credit vcbm_blend (vcbm-loop)",
+        "effect": "--ratio-sharing effect",
+    }
     assert info_needs("loo", "none") == {}
-    check_env_reports("TextWatchRepair-v0", {}, info_needs("vcbm", "effect"), seed=0)
+    check_env_reports("TextWatchRepair-v0", {}, info_needs("vcbm_blend", "effect"), seed=0)
     with pytest.raises(ContractError) as excinfo:
         check_env_reports("TextSetRetrieval-v0", {}, info_needs("loo", "effect"), seed=0)
     assert "info['effect']" in _one_line(excinfo) and "--ratio-sharing effect" in str(excinfo.value)

@@ -64,7 +64,7 @@ def test_memory_is_bounded_and_keeps_no_rollouts_of_aborted_iterations(tmp_path)
 
     unbounded = vcbm("all")
     assert unbounded["memory_size"] > 3
-    assert vcbm("bounded", "memory_capacity=3")["memory_size"] == 3
+    assert vcbm("bounded", "credit_kwargs={vcbm_blend: {memory_capacity: 3}}")["memory_size"] == 3
     aborted = vcbm("aborted", "kl_abort=1.0e-12")
     assert aborted["final_iteration_aborted"] == 1.0 and aborted["memory_size"] == 0
 

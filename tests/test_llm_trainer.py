@@ -86,9 +86,27 @@ def test_episode_batch_feeds_the_credit_rules():
     np.testing.assert_allclose(w, np.array([1, 1, 0, 0, 0.05, 0.05]) * 4 / 2.1)
 
 
-def test_algo_and_credit_must_agree():
-    with pytest.raises(ConfigError, match="credit='vcbm' for algo 'loop'"):
-        run(["--algo", "loop", "--env", "TextWatchRepair-v0", "--hyperparams", "credit=vcbm"])
+def _one_line_config_error(argv, *fragments):
+    with pytest.raises(ConfigError) as excinfo:
+        run(["--env", "TextWatchRepair-v0", "--no-progress", *argv])
+    message = str(excinfo.value)
+    assert "\n" not in message and all(f in message for f in fragments), message
+
+
+def test_the_earlier_credit_keys_are_refused_with_the_new_ones_named():
+    _one_line_config_error(["--algo", "loop", "--hyperparams", "credit=vcbm"], "credit='vcbm'", "credit: vcbm_blend")
+    _one_line_config_error(["--algo", "vcbm-loop", "--hyperparams", "vcbm_beta=0.5", "vcbm_top_k=3"],
+                           "vcbm_beta, vcbm_top_k", "credit_kwargs: {vcbm_blend: {beta: 0.5, top_k: 3}}")
+    _one_line_config_error(["--algo", "loop", "--credit", "vcbm_bookmark"], "'vcbm_bookmark'", "observations")
+    _one_line_config_error(["--algo", "loop", "--credit", "nope"], "credit='nope'", "gigpo")
+    _one_line_config_error(["--algo", "trl-grpo", "--credit", "grpo"], "trl-grpo keeps TRL's own group advantage")
+    _one_line_config_error(["--algo", "loop", "--credit", "grpo", "--hyperparams", "credit_kwargs={grpo: {eps: -1}}"],
+                           "credit rule 'grpo'", "eps=-1")
+
+
+def test_casi_is_refused_at_start_up_naming_what_it_needs():
+    _one_line_config_error(["--algo", "loop", "--credit", "casi"], "credit rule 'casi' needs extras['coalition_values']",
+                           "LLM arm does not provide")
 
 
 def _scalars(log_dir):
@@ -143,12 +161,12 @@ def test_vcbm_loop_trains_logs_and_resumes_to_the_same_metrics(tmp_path):
     assert finals and finals == {k: v for k, v in resumed.items() if k.startswith("final_")}
     assert json.loads((killed / "summary.json").read_text())["final_iteration"] == 3
     # a checkpoint whose episodic memory holds NaN (or is cut short) is refused with one line
-    memory_file = broken / "checkpoints" / "checkpoint-4" / "vcbm_memory.npz"
+    memory_file = broken / "checkpoints" / "checkpoint-4" / "credit_state.npz"
     with np.load(memory_file) as data:
         memory = {k: data[k] for k in data.files}
-    memory["returns"] = np.full_like(memory["returns"], np.nan)
+    memory["memory/returns"] = np.full_like(memory["memory/returns"], np.nan)
     np.savez(memory_file, **memory)
-    with pytest.raises(VcbmGymError, match="unreadable episodic memory"):
+    with pytest.raises(VcbmGymError, match="unreadable credit-rule state"):
         run(common + ["--iterations", "3", "--resume", "--log-dir", str(broken)])
     # config.yml records the flags that ran, and a different budget is another config: refused
     import yaml

@@ -5,7 +5,10 @@ Sec. II-C and IV-B).
 Names that could be confused:
 
 - `beta` is TRL's KL-penalty coefficient; LOOP has no KL penalty, so it stays 0. The blend weight
-  of Eq. 14 is `vcbm_beta`.
+  of Eq. 14 is vcbm_blend's own `beta`, under `credit_kwargs: {vcbm_blend: {beta: ...}}`.
+- `credit` is a credit rule's name (vcbm_gym.credit.base.RULES), as SB3's `--credit`; its
+  constructor arguments go under `credit_kwargs`, keyed by rule name, so that one config serves
+  every `--credit`. `loop` names `loo`, `vcbm-loop` names `vcbm_blend`.
 - `num_generations` is K, the rollouts per task; `generation_batch_size` is the rollouts per
   iteration (48 in the paper); `num_iterations` is TRL's name for the epochs over each batch
   (2 in the paper). A LOOP *iteration* is one generation batch: its rollouts, then
@@ -19,6 +22,7 @@ Names that could be confused:
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from dataclasses import dataclass, field
 
@@ -26,7 +30,57 @@ from trl import GRPOConfig
 
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES as RATIO_SHARING
 
-CREDITS = ("loo", "vcbm")
+# What the LLM arm's EpisodeBatch holds (algorithms/llm/trainer.py:episode_batch), in the terms of
+# CreditRule.batch_needs: a rule that needs anything else (observations, coalition values) is refused.
+LLM_BATCH_PROVIDES = frozenset(
+    {
+        "group_ids",
+        "step_turn",
+        "turn_flags['state_mutating']",
+        "turn_texts",
+        "final_texts",
+        "extras['anchor_keys']",
+    }
+)
+# The LLM arm's defaults for a rule's arguments where the rule's own differ: a bounded episodic memory.
+LLM_RULE_DEFAULTS = {"vcbm_blend": {"memory_capacity": 100_000}}
+
+
+def rule_kwargs(credit: str, credit_kwargs: dict) -> dict:
+    """The constructor arguments of rule `credit`: LLM_RULE_DEFAULTS, then credit_kwargs[credit]."""
+    return {**LLM_RULE_DEFAULTS.get(credit, {}), **credit_kwargs.get(credit, {})}
+
+
+def check_credit(credit: str, credit_kwargs: dict) -> None:
+    """Refuse (ValueError, one line) a rule that is unknown, badly configured, or needs what the LLM batch lacks."""
+    from vcbm_gym.credit.base import RULES, make_rule, unmet_needs
+
+    if credit == "vcbm":
+        raise ValueError(
+            "credit='vcbm': VCBM-blended LOOP is now credit: vcbm_blend (its settings under "
+            "credit_kwargs: {vcbm_blend: {beta: ..., tau: ...}})"
+        )
+    if credit not in RULES:
+        raise ValueError(f"credit={credit!r}: expected a credit rule, one of: {', '.join(RULES)}")
+    if not isinstance(credit_kwargs, dict) or not all(k in RULES and isinstance(v, dict) for k, v in credit_kwargs.items()):
+        raise ValueError(
+            f"credit_kwargs={credit_kwargs!r}: expected rule name -> mapping of its arguments, e.g. {{vcbm_blend: {{beta: 0.5}}}}"
+        )
+    kwargs = rule_kwargs(credit, credit_kwargs)
+    module, _, cls = RULES[credit].partition(":")
+    provided = set(LLM_BATCH_PROVIDES)
+    missing = unmet_needs(getattr(importlib.import_module(module), cls).batch_needs, provided)
+    if not missing:
+        try:
+            rule = make_rule(credit, **kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"credit rule {credit!r} (credit_kwargs {kwargs!r}): {exc}") from None
+        missing = unmet_needs(rule.needs(), provided)
+    if missing:
+        raise ValueError(
+            f"credit rule {credit!r} needs {', '.join(missing)} in its EpisodeBatch, which the LLM arm "
+            f"does not provide (it has: {', '.join(sorted(provided))})"
+        )
 
 
 @dataclass
@@ -69,18 +123,10 @@ class MultiTurnGRPOConfig(GRPOConfig):
 
 @dataclass
 class LoopConfig(MultiTurnGRPOConfig):
-    # credit (Eq. 6, 12-14)
-    credit: str = field(default="loo", metadata={"help": "loo (LOOP) or vcbm (VCBM-blended LOOP)"})
-    vcbm_beta: float = field(default=1.0, metadata={"help": "Eq. 14 blend weight (0 = LOOP); used when credit=vcbm"})
-    vcbm_tau: float = field(default=0.5, metadata={"help": "Eq. 13 softmax temperature"})
-    vcbm_top_k: int = field(default=6, metadata={"help": "Eq. 13 bookmarks retrieved per rollout"})
-    vcbm_alpha: float = field(default=0.05, metadata={"help": "Eq. 13 floor weight of non-retrieved tokens"})
-    vcbm_few_bookmarks: str = field(
-        default="floor", metadata={"help": "<= top_k bookmarks: floor (paper: plain LOO) or retrieve (rank them all)"}
-    )
-    vcbm_embed_dim: int = field(default=256, metadata={"help": "Eq. 12 hashing dimension d"})
-    memory_capacity: int | None = field(
-        default=100_000, metadata={"help": "episodic memory size (oldest bookmarks dropped first); None keeps all"}
+    # credit: a rule of vcbm_gym.credit (LOOP: loo, Eq. 6; VCBM-LOOP: vcbm_blend, Eq. 12-14)
+    credit: str = field(default="loo", metadata={"help": "credit rule name (vcbm_gym.credit.base.RULES)"})
+    credit_kwargs: dict = field(
+        default_factory=dict, metadata={"help": "rule name -> its constructor arguments, e.g. {vcbm_blend: {beta: 1.0}}"}
     )
     # optimisation safeguards (Sec. V-B1, V-B3)
     kl_abort: float = field(default=20.0, metadata={"help": "discard an iteration whose KL estimate exceeds this (nats)"})
@@ -107,25 +153,16 @@ class LoopConfig(MultiTurnGRPOConfig):
     vllm_importance_sampling_mode: str = "token_truncate"
 
     def __post_init__(self) -> None:
-        if self.credit not in CREDITS:
-            raise ValueError(f"credit={self.credit!r}: expected one of {CREDITS}")
+        check_credit(self.credit, self.credit_kwargs)
         if self.ratio_sharing not in RATIO_SHARING:
             raise ValueError(f"ratio_sharing={self.ratio_sharing!r}: expected one of {RATIO_SHARING}")
-        if self.vcbm_few_bookmarks not in ("floor", "retrieve"):
-            raise ValueError(f"vcbm_few_bookmarks={self.vcbm_few_bookmarks!r}: expected 'floor' or 'retrieve'")
-        if not 0.0 <= self.vcbm_beta <= 1.0:
-            raise ValueError(f"vcbm_beta={self.vcbm_beta}: expected a value in [0, 1]")
         if self.beta != 0.0:
-            raise ValueError(f"beta={self.beta}: LOOP has no KL penalty; the Eq. 14 blend weight is vcbm_beta")
-        if self.vcbm_top_k < 1:
-            raise ValueError(f"vcbm_top_k={self.vcbm_top_k}: expected an integer >= 1")
-        if self.memory_capacity is not None and self.memory_capacity < 1:
-            raise ValueError(f"memory_capacity={self.memory_capacity}: expected None or an integer >= 1")
-        if self.kl_abort <= 0 or self.vcbm_tau <= 0 or not 0 < self.vcbm_alpha < 1:
             raise ValueError(
-                f"kl_abort={self.kl_abort}, vcbm_tau={self.vcbm_tau}, vcbm_alpha={self.vcbm_alpha}: "
-                "expected kl_abort > 0, tau > 0, 0 < alpha < 1"
+                f"beta={self.beta}: LOOP has no KL penalty; the Eq. 14 blend weight is "
+                "credit_kwargs: {vcbm_blend: {beta: ...}}"
             )
+        if self.kl_abort <= 0:
+            raise ValueError(f"kl_abort={self.kl_abort}: expected kl_abort > 0")
         super().__post_init__()
         if self.ratio_sharing != "none" and self.steps_per_generation > 1:
             warnings.warn(

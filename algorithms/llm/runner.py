@@ -15,8 +15,14 @@ optimizer, scheduler, RNG, episodic memory, counters) go to <log-dir>/checkpoint
 metrics (docs/papers/vcbm.md, "LOOP and VCBM-blended LOOP") are written to TensorBoard under `loop/`.
 
 Before any model is built, one step of the env checks that it reports what the run learns from
-(the env contract, vcbm_gym/contract.py): `state_mutating` for vcbm-loop, `effect` for
-`--ratio-sharing effect`; a missing key is one line naming it.
+(the env contract, vcbm_gym/contract.py): `state_mutating` for `--credit vcbm_blend` (vcbm-loop),
+`effect` for `--ratio-sharing effect`; a missing key is one line naming it.
+
+Credit: `--credit RULE` (a name in vcbm_gym.credit.base.RULES), as for the SB3 runner; the rule's
+arguments go under `credit_kwargs`, keyed by rule name (`credit_kwargs: {vcbm_blend: {beta: 0.5}}`).
+`loop` and `vcbm-loop` are zoo entries that name `loo` and `vcbm_blend`; any rule whose inputs the
+LLM arm's EpisodeBatch holds works with either (grpo, gigpo, broadcast); one that needs more (casi:
+coalition values; rudder, vcbm_bookmark: observations) is refused when the config is resolved.
 
 Multi-GPU (FSDP2, as in the paper's 2-GPU AppWorld runs; not verified on this project's CPUs):
 
@@ -41,16 +47,21 @@ from algorithms.common.config import as_plain_dict, build_dataclasses
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.run_context import RunContext
 from vcbm_gym.contract import NEEDS, require_info
+from vcbm_gym.credit.base import RULES
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES
 
-CREDIT_OF_ALGO = {"loop": "loo", "vcbm-loop": "vcbm"}
+CREDIT_OF_ALGO = {"loop": "loo", "vcbm-loop": "vcbm_blend"}  # the rule when no config names one
+# Keys of the earlier shape (credit: loo | vcbm with vcbm_* beside it) -> their vcbm_blend argument.
+MOVED_KEYS = {
+    "vcbm_beta": "beta", "vcbm_tau": "tau", "vcbm_top_k": "top_k", "vcbm_alpha": "alpha",
+    "vcbm_few_bookmarks": "few_bookmarks", "vcbm_embed_dim": "dim", "memory_capacity": "memory_capacity",
+}
 TINY_MODELS = ("tiny", "tiny-random")
 FINETUNE_MODES = ("auto", "lora", "full")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # LoopConfig fields always written to config.yml (the other GRPOConfig fields only when set)
 REPORTED = (
-    "credit", "vcbm_beta", "vcbm_tau", "vcbm_top_k", "vcbm_alpha", "vcbm_few_bookmarks", "vcbm_embed_dim",
-    "memory_capacity", "kl_abort", "outlier_grad_factor", "outlier_grad_window", "max_turns",
+    "credit", "credit_kwargs", "kl_abort", "outlier_grad_factor", "outlier_grad_window", "max_turns",
     "max_new_tokens_per_turn", "truncation_chars", "one_shot", "ratio_sharing", "length_norm", "epsilon",
     "learning_rate", "lr_scheduler_type", "weight_decay", "max_grad_norm", "num_iterations", "num_generations",
     "generation_batch_size", "per_device_train_batch_size", "temperature", "bf16", "activation_checkpointing",
@@ -83,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the log dir")
     group.add_argument("--checkpoint-every", type=int, default=None, help="iterations between checkpoints (0: none)")
     group.add_argument("--ratio-sharing", choices=RATIO_SHARING_MODES, default=None, help="EMPO ratio sharing")
+    group.add_argument(
+        "--credit", default=None, help=f"credit rule, one of: {', '.join(RULES)} (loop: loo, vcbm-loop: vcbm_blend)"
+    )
     group.add_argument("--no-length-norm", action="store_true", help="EMPO ablation: unnormalised response ratios")
 
 
@@ -119,10 +133,16 @@ def _reported(algo: str) -> tuple[str, ...]:
 
 def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
     mapping = dict(mapping)
+    moved = [k for k in mapping if k in MOVED_KEYS]
+    if moved:
+        new = ", ".join(f"{MOVED_KEYS[k]}: {mapping[k]!r}" for k in moved)
+        raise ConfigError(f"hyperparameters {', '.join(moved)} for algo {algo!r}: the credit rule's settings moved; "
+                          f"expected credit: vcbm_blend and credit_kwargs: {{vcbm_blend: {{{new}}}}}")
     if algo in CREDIT_OF_ALGO:
-        credit = mapping.setdefault("credit", CREDIT_OF_ALGO[algo])
-        if credit != CREDIT_OF_ALGO[algo]:
-            raise ConfigError(f"credit={credit!r} for algo {algo!r}: expected {CREDIT_OF_ALGO[algo]!r}")
+        mapping.setdefault("credit", CREDIT_OF_ALGO[algo])
+    elif "credit" in mapping or "credit_kwargs" in mapping:
+        raise ConfigError(f"credit={mapping.get('credit')!r} for algo {algo!r}: trl-grpo keeps TRL's own group advantage; "
+                          f"expected --algo loop or vcbm-loop for a credit rule")
     import torch
 
     overrides = mapping.get("cpu_overrides") or {}
@@ -143,7 +163,7 @@ def flag_hyperparams(args: argparse.Namespace) -> dict[str, Any]:
     """The runner's flags as hyperparameters: `algorithms.train` folds them into the one resolved config
     (so config.yml and the config hash record them) before anything runs."""
     out: dict[str, Any] = {}
-    for flag in ("model", "iterations", "checkpoint_every", "ratio_sharing"):
+    for flag in ("model", "iterations", "checkpoint_every", "ratio_sharing", "credit"):
         if getattr(args, flag, None) is not None:
             out[flag] = getattr(args, flag)
     if getattr(args, "no_length_norm", False):
@@ -162,10 +182,10 @@ def _apply_flags(hp: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]
 
 
 def info_needs(credit: str | None, ratio_sharing: str) -> dict[str, str]:
-    """{info key: who needs it} for a run: vcbm-loop's bookmarks, EMPO's effect cells."""
+    """{info key: who needs it} for a run: vcbm_blend's bookmarks (vcbm-loop), EMPO's effect cells."""
     needs: dict[str, str] = {}
-    if credit == "vcbm":
-        needs.update({key: "vcbm-loop" for key in NEEDS["vcbm-loop"]})
+    if credit == "vcbm_blend":
+        needs.update({key: "--credit vcbm_blend (vcbm-loop)" for key in NEEDS["vcbm-loop"]})
     if ratio_sharing == "effect":
         needs.update({key: "--ratio-sharing effect" for key in NEEDS["--ratio-sharing effect"]})
     return needs
@@ -237,7 +257,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
         use_cpu=not torch.cuda.is_available(),
     )
     _, cfg = _loop_config(loop_kwargs, f"algo {ctx.algo!r}", ctx.algo)
-    check_env_reports(ctx.env_id, run_cfg.env_kwargs, info_needs(getattr(cfg, "credit", None), cfg.ratio_sharing), ctx.seed)
+    needs = info_needs(getattr(cfg, "credit", None), getattr(cfg, "ratio_sharing", "none"))  # trl-grpo: neither
+    check_env_reports(ctx.env_id, run_cfg.env_kwargs, needs, ctx.seed)
     (log_dir / "loop_config.yml").write_text(yaml.safe_dump({**as_plain_dict(run_cfg), **{
         k: _plain(getattr(cfg, k)) for k in _reported(ctx.algo) + ("use_vllm", "max_steps", "save_steps", "seed")}},
         sort_keys=False))
@@ -277,13 +298,14 @@ def run(ctx: RunContext) -> dict[str, Any]:
     cli.atomic_write_json(log_dir / "history.json", trainer.history)  # a benchmark reads it back
     delta = sum(float((p.detach() - initial[n]).pow(2).sum()) for n, p in trainer.model.named_parameters() if n in initial)
     final = trainer.history[-1] if trainer.history else {}
-    memory = getattr(trainer, "credit_rule", None)
+    rule = getattr(trainer, "credit_rule", None)
     return {
         "iterations_run": len(trainer.history),
         "resumed_from": checkpoint,
         "finetune": "full" if full else "lora",
         "trained_weight_change_l2": delta**0.5,
-        "memory_size": len(memory.memory) if memory is not None else 0,
+        "credit": getattr(cfg, "credit", None),
+        "memory_size": rule.summary().get("memory_size", 0) if rule is not None else 0,
         **{f"final_{k}": v for k, v in final.items() if k not in ("iteration_time_s", "rollout_time_s", "credit_time_s")},
         "mean_iteration_time_s": float(np.mean([h["iteration_time_s"] for h in trainer.history])) if trainer.history else None,
         "mean_credit_time_s": float(np.mean([h.get("credit_time_s", 0.0) for h in trainer.history]))

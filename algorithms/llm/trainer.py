@@ -11,15 +11,19 @@ Two trainers:
 1. `rollout_func` (`_rollout`) plays K whole episodes per task of a Gymnasium text env; each
    episode is one sequence, environment tokens masked (algorithms.llm.rollout).
 2. `_generate_and_score_completions` replaces TRL's per-sequence group advantage by per-token
-   advantages: LOO (Eq. 6) broadcast to every generated token, or blended with VCBM's retrieval
-   weights (Eq. 12-14, vcbm_gym.credit.vcbm_blend). The episodic memory is updated here.
+   advantages from the run's credit rule (`credit`, `credit_kwargs`: `make_rule` on the batch's
+   EpisodeBatch; loop: LOO (Eq. 6) broadcast to every generated token, vcbm-loop: LOO blended
+   with VCBM's retrieval weights, Eq. 12-14). With several processes the rule sees the episodes
+   of all of them (`gather_episode_batch`): a task's K rollouts may sit on different ranks.
+   A stateful rule (vcbm_blend's episodic memory) observes the batch at the end of its iteration,
+   and only if the iteration is kept.
 3. `_compute_loss` is the per-token PPO-clip of Eq. 7-8 (eps 0.1, no critic, no KL penalty),
    averaged over the generated tokens of the generation batch, optionally with EMPO's shared
    ratios (docs/papers/empo.md). It estimates the KL to the rollout policy; above `kl_abort` nats the whole
    iteration is discarded: its remaining micro-batches contribute nothing and, at its end, the
    trainable weights and optimizer state return to their values before the iteration.
-4. `_get_grad_norm` counts outlier-gradient events; `_save_checkpoint` adds the episodic
-   memory and the loop's counters to TRL's checkpoints (adapter, optimizer, RNG).
+4. `_get_grad_norm` counts outlier-gradient events; `_save_checkpoint` adds the credit rule's
+   state (`state_dict`: vcbm_blend's episodic memory) and the loop's counters to TRL's checkpoints (adapter, optimizer, RNG).
 
 KL estimate (`kl_old_new`): KL(pi_old || pi_theta) per rollout, the sum over its generated tokens
 of the k3 estimator r - 1 - log r with r = pi_theta / pi_old = exp(-d), d = logp_old - logp_new.
@@ -48,14 +52,12 @@ from trl import GRPOTrainer
 
 from algorithms.common import cli
 from algorithms.common.errors import ConfigError, VcbmGymError
-from algorithms.llm.config import LoopConfig
+from algorithms.llm.config import LoopConfig, rule_kwargs
 from algorithms.llm.rollout import Episode, hf_generate, play_episodes
 from algorithms.registry import load_object
-from vcbm_gym.credit.base import EpisodeBatch
-from vcbm_gym.credit.loo import loo_advantages
-from vcbm_gym.credit.vcbm_blend import VCBMBlendRule, blend
+from vcbm_gym.credit.base import EpisodeBatch, make_rule
 
-MEMORY_FILE = "vcbm_memory.npz"
+CREDIT_STATE_FILE = "credit_state.npz"  # the rule's state_dict arrays; the rest is in LOOP_STATE_FILE
 LOOP_STATE_FILE = "loop_state.json"
 COMPLETE_MARKER = "loop_checkpoint_complete"  # written last: a checkpoint without it was cut short
 
@@ -101,7 +103,77 @@ def episode_batch(episodes: list[Episode], width: int) -> EpisodeBatch:
         turn_flags={"state_mutating": [np.asarray(e.state_mutating, bool) for e in episodes]},
         turn_texts=[e.turn_texts for e in episodes],
         final_texts=[e.final_text for e in episodes],
+        extras={"anchor_keys": [anchor_keys(e) for e in episodes]},
     )
+
+
+def anchor_keys(episode: Episode) -> list[str]:
+    """GiGPO's anchor of each turn: the observation the turn answers ("" where the episode has no record)."""
+    n_turns = max(len(episode.turn_texts), max(episode.turn_ids, default=-1) + 1)
+    messages = episode.messages
+    return [messages[1 + 2 * t]["content"] if 1 + 2 * t < len(messages) else "" for t in range(n_turns)]
+
+
+def concat_episode_batches(batches: list[EpisodeBatch]) -> EpisodeBatch:
+    """One EpisodeBatch of the episodes of `batches`, in order, padded to the widest (the LLM arm's fields)."""
+    if len(batches) == 1:
+        return batches[0]
+    width = max(b.rewards.shape[1] for b in batches)
+
+    def pad(array: np.ndarray, value) -> np.ndarray:
+        return np.pad(array, ((0, 0), (0, width - array.shape[1])), constant_values=value)
+
+    def cat(values):
+        return None if any(v is None for v in values) else [x for v in values for x in v]
+
+    return EpisodeBatch(
+        rewards=np.concatenate([pad(b.rewards, 0.0) for b in batches]),
+        mask=np.concatenate([pad(b.mask, False) for b in batches]),
+        group_ids=np.concatenate([b.group_ids for b in batches]),
+        step_turn=np.concatenate([pad(b.step_turn, -1) for b in batches]),
+        turn_flags={k: cat([b.turn_flags[k] for b in batches]) for k in batches[0].turn_flags},
+        turn_texts=cat([b.turn_texts for b in batches]),
+        final_texts=cat([b.final_texts for b in batches]),
+        extras={k: cat([b.extras[k] for b in batches]) for k in batches[0].extras},
+    )
+
+
+def gather_episode_batch(accelerator, batch: EpisodeBatch) -> tuple[EpisodeBatch, int]:
+    """All processes' episodes as one batch (rank order) and where this process's rows start.
+
+    LOO, GRPO and GiGPO compare the K rollouts of a task, which TRL's sampler may place on
+    different ranks, so every rank computes the rule over the gathered batch and keeps its rows.
+    """
+    if accelerator.num_processes == 1:
+        return batch, 0
+    from accelerate.utils import gather_object
+
+    batches = gather_object([batch])
+    start = sum(b.batch_size for b in batches[: accelerator.process_index])
+    return concat_episode_batches(batches), start
+
+
+def split_state(obj: Any, arrays: dict[str, np.ndarray], path: str = "") -> Any:
+    """A rule's state_dict as JSON-able values, its numpy arrays moved into `arrays` (by path)."""
+    if isinstance(obj, dict):
+        return {str(k): split_state(v, arrays, f"{path}/{k}" if path else str(k)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [split_state(v, arrays, f"{path}/{i}") for i, v in enumerate(obj)]
+    if isinstance(obj, np.ndarray):
+        arrays[path] = obj
+        return {"__array__": path}
+    return obj.item() if isinstance(obj, np.generic) else obj
+
+
+def join_state(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """The inverse of split_state."""
+    if isinstance(obj, dict):
+        if set(obj) == {"__array__"}:
+            return arrays[obj["__array__"]]
+        return {k: join_state(v, arrays) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [join_state(v, arrays) for v in obj]
+    return obj
 
 
 def context_keys(episodes: list[Episode]) -> list[list[str]]:
@@ -309,15 +381,12 @@ def check_turn_limits(trainer_max_turns: int, env: gym.Env, env_id: str) -> None
 
 
 class LoopTrainer(MultiTurnGRPOTrainer):
-    """MultiTurnGRPOTrainer with LOOP's per-token LOO / VCBM-blend advantages and PPO-clip loss."""
+    """MultiTurnGRPOTrainer with a credit rule's per-token advantages and LOOP's PPO-clip loss."""
 
     def __init__(self, model, args: LoopConfig, *trainer_args, **trainer_kwargs) -> None:
-        """As MultiTurnGRPOTrainer; `args` carries the LOOP / VCBM settings."""
-        self.credit_rule = VCBMBlendRule(
-            beta=args.vcbm_beta, tau=args.vcbm_tau, top_k=args.vcbm_top_k, alpha=args.vcbm_alpha,
-            dim=args.vcbm_embed_dim, memory_capacity=args.memory_capacity, few_bookmarks=args.vcbm_few_bookmarks,
-        )
-        self._pending_memory: EpisodeBatch | None = None
+        """As MultiTurnGRPOTrainer; `args` carries the LOOP settings and the credit rule (`credit`, `credit_kwargs`)."""
+        self.credit_rule = make_rule(args.credit, **rule_kwargs(args.credit, args.credit_kwargs))
+        self._pending_observe: EpisodeBatch | None = None
         self._grad_norms: deque[float] = deque(maxlen=args.outlier_grad_window)
         self.outlier_grad_events = 0
         self.aborted_iterations = 0
@@ -349,22 +418,16 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         return output
 
     def token_advantages(self, batch: EpisodeBatch) -> np.ndarray:
-        """(B, T) advantages: Eq. 6 LOO over all processes' rollouts, blended per token (Eq. 14).
+        """(B, T) advantages of this process's episodes: the credit rule over all processes' episodes.
 
-        The batch's bookmarks enter the episodic memory at the end of the iteration, and only if
-        the iteration is kept (an aborted iteration's rollouts are dropped).
+        The rule observes the (gathered) batch at the end of the iteration, and only if the
+        iteration is kept (an aborted iteration's rollouts are dropped): in the LLM arm a batch's
+        advantages come from the rule's state before that batch.
         """
-        returns = torch.as_tensor(batch.returns, dtype=torch.float64, device=self.accelerator.device)
-        groups = torch.as_tensor(batch.group_ids, device=self.accelerator.device)
-        all_returns = self.accelerator.gather(returns).cpu().numpy()
-        all_groups = self.accelerator.gather(groups).cpu().numpy()
-        start = self.accelerator.process_index * batch.batch_size
-        loo = loo_advantages(all_returns, all_groups)[start : start + batch.batch_size]
-        if self.args.credit == "loo":
-            return batch.broadcast(loo)
-        self._pending_memory = batch
-        weights = self.credit_rule.token_weights(batch)
-        return np.where(batch.mask, blend(loo, weights, self.args.vcbm_beta), 0.0)
+        full, start = gather_episode_batch(self.accelerator, batch)
+        self._pending_observe = full
+        advantages = self.credit_rule.advantages(full)
+        return advantages[start : start + batch.batch_size, : batch.rewards.shape[1]]
 
     def _cells(self, episodes: list[Episode]) -> np.ndarray:
         """EMPO cells (docs/papers/empo.md) over the generation batch; an "invalid" action has no effect (no cell)."""
@@ -433,7 +496,7 @@ class LoopTrainer(MultiTurnGRPOTrainer):
             return
         super()._begin_iteration()
         self._aborted = False
-        self._pending_memory = None
+        self._pending_observe = None
         self._snapshot = {
             "params": {n: p.detach().clone() for n, p in self._trainable().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()) if self.optimizer is not None else None,
@@ -459,7 +522,7 @@ class LoopTrainer(MultiTurnGRPOTrainer):
             "iteration_aborted": float(self._aborted),
             "aborted_iterations": float(self.aborted_iterations),
             "credit_time_s": s["credit_time_s"],
-            "memory_size": float(len(self.credit_rule.memory)),
+            "memory_size": float(self.credit_rule.summary().get("memory_size", 0)),
         }
 
     def _end_iteration(self) -> None:
@@ -470,9 +533,9 @@ class LoopTrainer(MultiTurnGRPOTrainer):
             if self._snapshot["optimizer"] is not None:
                 self.optimizer.load_state_dict(self._snapshot["optimizer"])
             self.aborted_iterations += 1
-        elif self._pending_memory is not None:
-            self.credit_rule.observe(self._pending_memory)
-        self._pending_memory = None
+        elif self._pending_observe is not None:
+            self.credit_rule.observe(self._pending_observe)
+        self._pending_observe = None
         super()._end_iteration()
 
     def loop_state_dict(self) -> dict[str, Any]:
@@ -488,31 +551,31 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
             folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
-            memory = self.credit_rule.state_dict()["memory"]
-            with open(folder / f".{MEMORY_FILE}.tmp", "wb") as f:
-                np.savez(f, **{k: np.asarray(v if v is not None else -1) for k, v in memory.items()})
-            os.replace(folder / f".{MEMORY_FILE}.tmp", folder / MEMORY_FILE)
-            cli.atomic_write_text(folder / LOOP_STATE_FILE, json.dumps(self.loop_state_dict()))
+            arrays: dict[str, np.ndarray] = {}
+            credit_state = split_state(self.credit_rule.state_dict(), arrays)
+            with open(folder / f".{CREDIT_STATE_FILE}.tmp", "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(folder / f".{CREDIT_STATE_FILE}.tmp", folder / CREDIT_STATE_FILE)
+            state = {**self.loop_state_dict(), "credit": self.args.credit, "credit_state": credit_state}
+            cli.atomic_write_text(folder / LOOP_STATE_FILE, json.dumps(state))
             (folder / COMPLETE_MARKER).write_text("")
 
     def load_loop_checkpoint(self, folder: str | Path) -> None:
-        """Restore the episodic memory and counters saved beside a TRL checkpoint."""
+        """Restore the credit rule's state and the loop's counters saved beside a TRL checkpoint."""
         folder = Path(folder)
         try:
-            with np.load(folder / MEMORY_FILE) as data:
-                memory = {k: data[k] for k in data.files}
+            with np.load(folder / CREDIT_STATE_FILE) as data:
+                arrays = {k: data[k] for k in data.files}
             state = json.loads((folder / LOOP_STATE_FILE).read_text())
-            n = len(memory["turn_idx"])
-            if not (len(memory["embeddings"]) == len(memory["returns"]) == n):
-                raise ValueError(f"{n} turn indices, {len(memory['embeddings'])} embeddings, {len(memory['returns'])} returns")
-            if not (np.isfinite(memory["embeddings"]).all() and np.isfinite(memory["returns"]).all()):
-                raise ValueError("non-finite embeddings or returns")
-        except (OSError, ValueError, KeyError, EOFError) as exc:  # zip and JSON errors are ValueErrors too
-            raise VcbmGymError(f"checkpoint {str(folder)!r}: unreadable episodic memory or loop state ({exc}); "
+            if state.get("credit") != self.args.credit:
+                raise ValueError(f"saved by credit rule {state.get('credit')!r}, this run's is {self.args.credit!r}")
+            bad = [k for k, v in arrays.items() if v.dtype.kind == "f" and not np.isfinite(v).all()]
+            if bad:
+                raise ValueError(f"non-finite values in {', '.join(bad)}")
+            self.credit_rule.load_state_dict(join_state(state["credit_state"], arrays))
+        except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:  # zip and JSON errors are ValueErrors too
+            raise VcbmGymError(f"checkpoint {str(folder)!r}: unreadable credit-rule state or loop state ({exc}); "
                                "expected the files a completed checkpoint writes") from None
-        capacity = int(memory["capacity"])
-        memory["capacity"] = None if capacity < 0 else capacity
-        self.credit_rule.load_state_dict({"memory": memory})
         self.outlier_grad_events = state["outlier_grad_events"]
         self.aborted_iterations = state["aborted_iterations"]
         self._grad_norms.extend(state["grad_norms"])
