@@ -19,8 +19,7 @@ import time
 import numpy as np
 
 from vcbm_gym.credit.base import EpisodeBatch
-from vcbm_gym.credit.loo import loo_advantages
-from vcbm_gym.credit.vcbm_blend import VCBMBlendRule, _cached_embed, blend, hash_embed
+from vcbm_gym.credit.vcbm_blend import VCBMBlendRule, _cached_embed, hash_embed
 
 WORDS = "user account balance updated payment sent file created note song playlist added removed id status ok".split()
 
@@ -47,9 +46,9 @@ def paper_sized_batch(rng: np.random.Generator, tasks=8, k=6, turns=20, gen_toke
 
 def credit_step(rule: VCBMBlendRule, batch: EpisodeBatch) -> np.ndarray:
     """What LoopTrainer.token_advantages does per iteration (single process)."""
-    loo = loo_advantages(batch.returns, batch.group_ids)
-    rule.observe(batch)
-    return np.where(batch.mask, blend(loo, rule.token_weights(batch), rule.beta), 0.0)
+    advantages = rule.advantages(batch)
+    rule.observe(batch)  # at the end of a kept iteration
+    return advantages
 
 
 def main() -> None:
