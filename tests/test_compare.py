@@ -11,7 +11,13 @@ from scipy import stats
 
 from algorithms.common.errors import VcbmGymError
 from algorithms.compare import Job, aggregate, algo_argv, build_parser, run, table_markdown
-from algorithms.stats import aggregate_estimates, describe, fraction_estimate, improvement_estimate, mann_whitney
+from algorithms.stats import (
+    aggregate_estimates,
+    describe,
+    fraction_estimate,
+    improvement_estimate,
+    mann_whitney,
+)
 
 
 def test_mann_whitney_equals_scipy_and_a_hand_computation():
