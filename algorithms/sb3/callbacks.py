@@ -19,6 +19,7 @@ groups episodes that start from the same observation (on WatchRepair: the same b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -123,13 +124,21 @@ class CreditCallback(BaseCallback):
         self.logger.record("credit/advantage_abs_mean", float(np.abs(advantages[batch.mask]).mean()))
 
 
+def _episode_return(info: dict[str, Any]) -> dict[str, float]:
+    """The finished episode's return, from the Monitor wrapper's info["episode"] (absent without Monitor)."""
+    episode = info.get("episode")
+    return {"return": float(episode["r"])} if isinstance(episode, dict) and "r" in episode else {}
+
+
 class ConvergenceCallback(BaseCallback):
     """Feed each finished episode's `info["first_decision_optimal"]` (evaluation only) to the
     SPEC section 4 tracker; stop at convergence (if asked) or once `max_episodes` have ended."""
 
-    def __init__(self, tracker: ConvergenceTracker, max_episodes: int, stop_at_convergence: bool = True) -> None:
+    def __init__(self, tracker: ConvergenceTracker, max_episodes: int, stop_at_convergence: bool = True,
+                 report: Callable[[int, dict[str, float]], None] | None = None) -> None:
         super().__init__()
         self.tracker, self.max_episodes, self.stop_at_convergence = tracker, max_episodes, stop_at_convergence
+        self.report = report  # RunContext.report: (episodes, {"correct_rate", "return"}) after every episode
 
     def _on_step(self) -> bool:
         for done, info in zip(self.locals["dones"], self.locals["infos"]):
@@ -140,6 +149,8 @@ class ConvergenceCallback(BaseCallback):
             just_converged = self.tracker.update(bool(info["first_decision_optimal"]))
             self.logger.record("rollout/correct_moving_average", self.tracker.rate)
             self.logger.record("rollout/episodes", self.tracker.episodes)
+            if self.report is not None:
+                self.report(self.tracker.episodes, {"correct_rate": self.tracker.rate, **_episode_return(info)})
             if just_converged and self.stop_at_convergence:
                 return False
         return self.tracker.episodes < self.max_episodes

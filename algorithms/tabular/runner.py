@@ -73,6 +73,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
                     "the convergence criterion needs it (evaluation only)"
                 )
             just_converged = tracker.update(bool(info["first_decision_optimal"]))
+            if ctx.report is not None:
+                ctx.report(episode, {"correct_rate": tracker.rate, "return": episode_return})
             if episode % run_cfg.log_interval == 0 or just_converged:
                 writer.add_scalars(
                     episode, {"train/correct_moving_average": tracker.rate, "train/episode_return": episode_return, **scalars}
