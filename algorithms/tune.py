@@ -635,6 +635,10 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                      best_value=best.value, best_params=best.params)
     print(f"{len(study.trials)} trial(s) in study {settings.study_name!r} ({ran} run by this command): "
           f"{counts['COMPLETE']} complete, {counts['PRUNED']} pruned, {counts['FAIL']} failed")
+    running = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
+    if running:
+        print(f"{running} trial(s) still running in other processes: best.yml holds the best finished trial; "
+              "the last process to finish writes the final one")
     print(f"best: trial {best.number}, {objective.direction} {objective.name} = {best.value:.6g}")
     print(snippet, end="")
     print(f"wrote {out / 'best.yml'}, {out / 'trials.json'}, {', '.join(str(p) for p in plots)}, {out / 'tune_config.yml'}")
