@@ -10,9 +10,11 @@ searched keeping its zoo value. Objective, per arm:
 - LLM (loop, vcbm-loop, trl-grpo): maximise the task goal completion (text envs: the optimal-decision rate)
   averaged over the last --final-window iterations and the seeds. Intermediate value every iteration: that
   iteration's rate.
-A trial whose intermediate value is worse than the median of the finished trials at the same step is
-pruned (Optuna's MedianPruner, after --startup-trials trials and --warmup-steps steps of the first seed;
-the steps of seed i are offset by i times the per-seed budget, so that equal steps compare equal runs).
+A trial whose first seed's intermediate value is worse than the median of the finished trials' at the same
+step is pruned (Optuna's MedianPruner, after --startup-trials trials and --warmup-steps steps). Only the first
+seed reports: the median rule takes the best value a trial has reported, which a later seed could not undo. A
+first seed that converges (and so stops) holds its last rate for the rest of the budget, as algorithms.plot
+draws it, so that the fast trials count in the median at every later step.
 
 The study lives in a journal file (--storage, default OUT/study.journal; Optuna's JournalFileBackend), so
 several tune processes, on one machine or on several that share the file's filesystem, fill one study:
@@ -308,11 +310,15 @@ def counted_trials(study: Any) -> int:
 
 
 class Reporter:
-    """RunContext.report for one seed of a trial: every `every` steps the intermediate value goes to the
-    study at step offset + step, and a trial the pruner rejects stops there (optuna.TrialPruned)."""
+    """RunContext.report for the first seed of a trial: every `every` steps the intermediate value goes to the
+    study, and a trial the pruner rejects stops there (optuna.TrialPruned). Only the first seed reports:
+    Optuna's median rule compares the best value a trial has reported so far, so reports of a later seed would
+    be masked by the first seed's best. A first seed that stops early (it converged) holds its last value for
+    the rest of the budget (`hold`), as algorithms.plot draws it, so that it counts at every later step."""
 
-    def __init__(self, trial: Any, objective: Objective, every: int, offset: int) -> None:
-        self.trial, self.objective, self.every, self.offset = trial, objective, every, offset
+    def __init__(self, trial: Any, objective: Objective, every: int) -> None:
+        self.trial, self.objective, self.every = trial, objective, every
+        self.last: tuple[int, float] | None = None
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
         if step % self.every:
@@ -320,11 +326,19 @@ class Reporter:
         value = self.objective.intermediate_value(metrics)
         if value is None or not math.isfinite(value):
             return
-        self.trial.report(value, self.offset + step)
+        self.trial.report(value, step)
+        self.last = (step, value)
         if self.trial.should_prune():
             import optuna
 
-            raise optuna.TrialPruned(f"pruned at step {self.offset + step} (intermediate value {value:.4g})")
+            raise optuna.TrialPruned(f"pruned at step {step} of the first seed (intermediate value {value:.4g})")
+
+    def hold(self, budget: int) -> None:
+        if self.last is None:
+            return
+        step, value = self.last
+        for later in range(step + self.every, budget + 1, self.every):
+            self.trial.report(value, later)
 
 
 def _final_rate(log_dir: Path, window: int) -> float:
@@ -356,7 +370,10 @@ def evaluate(trial: Any, s: Settings) -> float:
         log_dir = Path(s.out) / s.study_name / f"trial{trial.number}" / f"seed{seed}"
         argv = ["--algo", s.algo, "--env", s.env, "--seed", str(seed), "--log-dir", str(log_dir), "--no-progress",
                 "--overwrite", *s.budget_flag, "--hyperparams", *s.fixed, *overrides]
-        summary = train(argv, report=Reporter(trial, s.objective, s.report_every, index * s.budget))
+        reporter = Reporter(trial, s.objective, s.report_every) if index == 0 else None
+        summary = train(argv, report=reporter)
+        if reporter is not None:
+            reporter.hold(s.budget)
         results.append(run_value(s, summary, log_dir))
         trial.set_user_attr(f"seed{seed}", results[-1])
     return sum(results) / len(results)
@@ -609,7 +626,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                          for p in settings.params},
         "sampler": {"name": "TPESampler", "n_startup_trials": settings.startup_trials, "seed": settings.sampler_seed},
         "pruner": {"name": "MedianPruner", "n_startup_trials": settings.startup_trials,
-                   "n_warmup_steps": settings.warmup_steps, "step": "episodes (LLM: iterations) + seed index x budget"},
+                   "n_warmup_steps": settings.warmup_steps, "step": "episodes (LLM: iterations) of the first seed"},
         "base_hyperparams": base,
         "backend": args.backend, "address": args.address, "workers": args.workers,
         **environment_record(),

@@ -69,20 +69,22 @@ def test_the_search_space_is_checked_against_the_runner_before_any_trial(tmp_pat
         resolve_settings(args)
 
 
-def test_a_trial_worse_than_the_median_is_pruned_at_the_reported_step():
+def test_a_trial_worse_than_the_median_is_pruned_and_a_converged_first_seed_holds_its_rate():
     study = optuna.create_study(direction="minimize", pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
     objective = Objective("minimize", "episodes", "incorrect rate")
     done = study.ask()
-    Reporter(done, objective, every=100, offset=0)(100, {"correct_rate": 0.9})  # intermediate 1 - 0.9
-    study.tell(done, 1000.0)
-    trial = study.ask()
-    reporter = Reporter(trial, objective, every=100, offset=20_000)  # the second seed of a 20,000-episode budget
-    reporter(150, {"correct_rate": 0.0})  # not a multiple of --report-every: nothing reported
-    assert trial.storage.get_trial(trial._trial_id).intermediate_values == {}
-    Reporter(trial, objective, every=100, offset=0)(100, {"correct_rate": 0.95})  # better than the median: goes on
-    worse = study.ask()
-    with pytest.raises(optuna.TrialPruned, match="pruned at step 100"):
-        Reporter(worse, objective, every=100, offset=0)(100, {"correct_rate": 0.2})
+    fast = Reporter(done, objective, every=100)
+    fast(100, {"correct_rate": 0.5})
+    fast(150, {"correct_rate": 0.9})  # not a multiple of --report-every: not reported
+    fast(200, {"correct_rate": 0.96})  # then it converged and stopped
+    fast.hold(budget=450)
+    assert study.trials[0].intermediate_values == {100: 0.5, 200: pytest.approx(0.04), 300: pytest.approx(0.04),
+                                                   400: pytest.approx(0.04)}
+    study.tell(done, 200.0)
+    Reporter(study.ask(), objective, every=100)(100, {"correct_rate": 0.55})  # 0.45 < the median 0.5: goes on
+    with pytest.raises(optuna.TrialPruned, match="pruned at step 300 of the first seed"):
+        # only the held value of the converged trial is there to compare with at step 300
+        Reporter(study.ask(), objective, every=100)(300, {"correct_rate": 0.7})  # 0.3 > 0.04
     assert objective.intermediate_value({"correct_rate": 0.25}) == 0.75
     assert Objective("maximize", "tgc", "tgc").intermediate_value({"correct_rate": 0.25}) == 0.25
 
@@ -116,7 +118,7 @@ def test_two_processes_share_one_journal_and_stop_at_the_study_total(tmp_path):
                                                                 f"trial{study.best_trial.number}").is_dir())
     used = yaml.safe_load((best_out / "vcbm-WatchRepair-v0" / f"trial{study.best_trial.number}" / "seed0" / "config.yml").read_text())
     assert {k: used["hyperparams"][k] for k in best} == best
-    summary = train(["--algo", "vcbm", "--config", str(tmp_path / "out0" / "best.yml"), "--max-episodes", "1500",
+    summary = train(["--algo", "vcbm", "--config", str(last), "--max-episodes", "1500",
                      "--log-dir", str(tmp_path / "rerun"), "--no-progress"])
     assert summary["episodes_run"] == study.best_trial.value  # seed 0 again: the same run
 
