@@ -165,3 +165,18 @@ def test_llm_trial_tunes_the_vcbm_blend_on_the_text_env(tmp_path):
     assert sorted(trial["user_attrs"]) == ["owner", "seed0"] and trial["last_step"] == 2  # one report per iteration
     used = yaml.safe_load((run_dir / "config.yml").read_text())["hyperparams"]
     assert {k: used[k] for k in result["best_params"]} == result["best_params"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--trials", "0"], "--trials 0: expected an integer in"),
+    (["--trials", "2", "--backend", "dask"], "--backend 'dask': expected one of process, ray"),
+    (["--trials", "2", "--address", "auto"], "--address 'auto' with --backend process: expected --backend ray"),
+    (["--trials", "2", "--iterations", "3"], "--iterations 3 with algo 'vcbm': expected --max-episodes"),
+    (["--trials", "2", "--hyperparams", "z_thresh"], "malformed hyperparameter 'z_thresh': expected key=value"),
+    (["--trials", "2", "--hyperparams", "bogus=1"], "unknown hyperparameter 'bogus'"),
+    (["--trials", "2", "--seeds-per-trial", "0"], "--seeds-per-trial 0: expected an integer in"),
+])
+def test_bad_tune_arguments_are_one_clear_error(tmp_path, extra, message):
+    with pytest.raises(VcbmGymError, match=message):
+        tune([*FAST_VCBM[:4], *extra, "--out", str(tmp_path)])
+    assert not (tmp_path / "study.journal").exists()  # refused before any study exists
