@@ -1,25 +1,35 @@
 """`python -m algorithms.compare --env WatchRepair-v0 --algos vcbm rudder --seeds 20 --out DIR`: Table II and Figure 1.
 
-Runs every (algo, seed) through `algorithms.train.run` in a process pool, one log dir per run
-(`DIR/<algo>/seed<k>/`, where train writes summary.json, config.yml and TensorBoard events), then
-writes `DIR/results.json`, `DIR/table.md` (paper 000 Table II) and `DIR/figure.png` (Figure 1), and
+Runs every (algo, seed) through `algorithms.train.run`, each in its own process (`--backend process`) or as
+a Ray task on a local Ray instance or an existing cluster (`--backend ray [--address ADDR]`,
+algorithms.distributed), one log dir per run (`DIR/<algo>/seed<k>/`, where train writes summary.json,
+config.yml and TensorBoard events), then writes `DIR/results.json`, `DIR/table.md` (paper 000 Table II),
+`DIR/figure.png` (Figure 1), `DIR/curves.png` / `.svg` (the correct-decision rate across seeds,
+algorithms.plot) and `DIR/run.json` (the command, commit, wall time, backend and resolved configs), and
 prints the table.
+
+Statistics (algorithms.stats): per method the range, mean +- std and median of the paper's table, and the
+median, interquartile mean and mean with percentile-bootstrap 95% CIs (scipy.stats.bootstrap, seeds
+resampled; "Deep Reinforcement Learning at the Edge of the Statistical Precipice", Agarwal et al., 2021), the
+converged fraction with its exact CI; for every pair Mann-Whitney U and the probability of improvement
+(the normalised U) with its bootstrap CI. The bootstrap's seed is fixed, so results.json is reproducible.
 
 Resuming: a run whose log dir holds a summary.json written for the same resolved config (its
 config hash: algo, env, seed and every hyperparameter after zoo_configs, --hyperparams and the
 episode cap) and unchanged since (its checksum) is reused, not rerun; any other run is rerun and
 the reason printed. So a killed comparison rerun with the same arguments computes only the missing
-seeds and ends with the same results.json (which holds no wall times for that reason), and an
+seeds and ends with the same results.json (which holds no wall times for that reason: they go to
+run.json), and an
 edited zoo config or request never reuses a stale result.
 
 Stopping: Ctrl-C or SIGTERM stops the workers within seconds, keeps every finished seed and exits
 with 130 or 143; a worker exits by itself when compare dies (even by SIGKILL). A lock file
 (DIR/.compare.lock) keeps a second compare out of the same --out.
 
-Non-converged runs (the episode cap ended them) are counted and flagged; they enter the statistics
-with their episode count at the cap, a lower bound of their true episodes-to-converge (so the
-mean, median and the Mann-Whitney test are conservative in their favour), and the table says how
-many there are.
+Non-converged runs (the episode cap ended them) are counted and flagged; they enter every statistic
+(range, mean, median, IQM, their CIs, the probability of improvement, Mann-Whitney) with their episode
+count at the cap, a lower bound of their true episodes-to-converge (so all of them are conservative in
+their favour), and the table says how many there are and that they are counted so.
 
 An algo of the form `ALGO+RULE` (e.g. `ppo+vcbm_bookmark`) runs `--algo ALGO --credit RULE`.
 """
