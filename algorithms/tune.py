@@ -318,26 +318,27 @@ class Reporter:
 
     def __init__(self, trial: Any, objective: Objective, every: int) -> None:
         self.trial, self.objective, self.every = trial, objective, every
-        self.last: tuple[int, float] | None = None
+        self.latest: tuple[int, float] | None = None  # the last step seen (reported or not) and its value
 
     def __call__(self, step: int, metrics: dict[str, float]) -> None:
-        if step % self.every:
-            return
         value = self.objective.intermediate_value(metrics)
         if value is None or not math.isfinite(value):
             return
+        self.latest = (step, value)
+        if step % self.every:
+            return
         self.trial.report(value, step)
-        self.last = (step, value)
         if self.trial.should_prune():
             import optuna
 
             raise optuna.TrialPruned(f"pruned at step {step} of the first seed (intermediate value {value:.4g})")
 
     def hold(self, budget: int) -> None:
-        if self.last is None:
+        """Report the run's last value at every reporting step after the run's end, up to the budget."""
+        if self.latest is None:
             return
-        step, value = self.last
-        for later in range(step + self.every, budget + 1, self.every):
+        step, value = self.latest
+        for later in range((step // self.every + 1) * self.every, budget + 1, self.every):
             self.trial.report(value, later)
 
 

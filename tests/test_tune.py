@@ -76,9 +76,10 @@ def test_a_trial_worse_than_the_median_is_pruned_and_a_converged_first_seed_hold
     fast = Reporter(done, objective, every=100)
     fast(100, {"correct_rate": 0.5})
     fast(150, {"correct_rate": 0.9})  # not a multiple of --report-every: not reported
-    fast(200, {"correct_rate": 0.96})  # then it converged and stopped
+    fast(200, {"correct_rate": 0.9})
+    fast(234, {"correct_rate": 0.96})  # then it converged and stopped: its final rate holds from step 300 on
     fast.hold(budget=450)
-    assert study.trials[0].intermediate_values == {100: 0.5, 200: pytest.approx(0.04), 300: pytest.approx(0.04),
+    assert study.trials[0].intermediate_values == {100: 0.5, 200: pytest.approx(0.1), 300: pytest.approx(0.04),
                                                    400: pytest.approx(0.04)}
     study.tell(done, 200.0)
     Reporter(study.ask(), objective, every=100)(100, {"correct_rate": 0.55})  # 0.45 < the median 0.5: goes on
