@@ -6,8 +6,8 @@
 # are copied to benchmarks/results/sb3_credit/ (benchmarks/make_results.py turns them into benchmarks/RESULTS.md).
 set -euo pipefail
 out="${1:-runs/sb3_credit}"
-seeds="${2:-5}"
-max_episodes="${3:-8000}"
+seeds="${2:-3}"
+max_episodes="${3:-10000}"
 workers="${4:-2}"
 cd "$(dirname "$0")/.."
 nice -n 10 python -m algorithms.compare --env WatchRepair-v0 --algos ppo ppo+broadcast ppo+vcbm_bookmark \
