@@ -19,8 +19,7 @@ config hash: algo, env, seed and every hyperparameter after zoo_configs, --hyper
 episode cap) and unchanged since (its checksum) is reused, not rerun; any other run is rerun and
 the reason printed. So a killed comparison rerun with the same arguments computes only the missing
 seeds and ends with the same results.json (which holds no wall times for that reason: they go to
-run.json), and an
-edited zoo config or request never reuses a stale result.
+run.json), and an edited zoo config or request never reuses a stale result.
 
 Stopping: Ctrl-C or SIGTERM stops the workers within seconds, keeps every finished seed and exits
 with 130 or 143; a worker exits by itself when compare dies (even by SIGKILL). A lock file
@@ -55,9 +54,8 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from algorithms.common import cli
+from algorithms.common import cli, provenance
 from algorithms.common.errors import Stopped, VcbmGymError
-from algorithms.common.provenance import write_run_record
 from algorithms.registry import ALGOS, get_algo
 from algorithms.stats import (
     aggregate_estimates,
@@ -353,7 +351,8 @@ def table_markdown(results: dict[str, Any]) -> str:
         lines += [
             "",
             f"Mann–Whitney U ({a} vs {b}, two-sided, normal approximation, tie-corrected): "
-            f"U = {t['U']:g}, z = {t['z']:.2f}, p = {'n/a (all values tie)' if t['p'] is None else format(t['p'], '.3g')}, rank-biserial r = {t['rank_biserial_r']:.2f}; "
+            f"U = {t['U']:g}, z = {t['z']:.2f}, p = {'n/a (all values tie)' if t['p'] is None else format(t['p'], '.3g')}, "
+            f"rank-biserial r = {t['rank_biserial_r']:.2f}; "
             f"probability of improvement P({a} < {b}) = {_with_ci(poi, '.3f')} "
             "(P(fewer episodes) + P(tie) / 2 = (1 + r) / 2).",
         ]
@@ -478,7 +477,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     elif args.address is not None:
         raise VcbmGymError(f"--address {args.address!r} with --backend {args.backend}: expected --backend ray")
     out = cli.output_dir(args.out, "--out")
-    started, clock = time.time(), time.perf_counter()
+    started = provenance.start()
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
         with locked(out):
@@ -498,13 +497,14 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 groups = {label: [job.log_dir for job in jobs if job.label == label] for label in args.algos}
                 plot_learning_curves(groups, "correct", out / "curves.png",
                                      title=f"{args.env}: correct first decisions (moving average), mean and 95% CI over seeds")
-            write_run_record(
-                out, "python -m algorithms.compare", argv, started,
-                time.perf_counter() - clock, backend=args.backend, address=args.address, workers=args.workers,
+            provenance.write_run_record(
+                out, "python -m algorithms.compare", argv, started, backend=args.backend, address=args.address,
+                workers=args.workers,
                 runs=len(jobs), runs_reused=reused, runs_run=len(jobs) - reused,
                 run_time_s_sum=round(sum(float(s.get("wall_time_s", 0.0)) for s in summaries.values()), 3),
                 resolved={label: {**next(j.run for j in jobs if j.label == label).identity(), "seed": "per run",
-                                  "argv_first_seed": list(next(j.argv for j in jobs if j.label == label))} for label in args.algos},
+                                  "argv_first_seed": list(next(j.argv for j in jobs if j.label == label))}
+                          for label in args.algos},
             )
     finally:
         if previous is not None:

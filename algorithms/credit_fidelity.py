@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-import time
 from typing import Any
 
 import gymnasium as gym
@@ -30,9 +29,8 @@ import numpy as np
 from scipy import stats
 
 import vcbm_gym  # noqa: F401  (registers the envs)
-from algorithms.common import cli
+from algorithms.common import cli, provenance
 from algorithms.common.errors import ConfigError
-from algorithms.common.provenance import write_run_record
 from vcbm_gym.credit.set_credit import set_credit, shapley_exact, zero_sum_shaping
 
 FIDELITY_RULES = ("shapley", "singleton", "banzhaf", "loo")
@@ -263,7 +261,7 @@ def build_parser() -> cli.ArgumentParser:
 
 
 def run(argv: list[str]) -> None:
-    started, clock = time.time(), time.perf_counter()
+    started = provenance.start()
     args = build_parser().parse_args(argv)
     cli.check_int(args.requests, "--requests", 10, MAX_REQUESTS)
     cli.check_seed(args.seed, "--seed")
@@ -283,8 +281,9 @@ def run(argv: list[str]) -> None:
         cli.atomic_write_text(out / "training.md", markdown)
         print(markdown)
     # the command, commit and wall time behind these numbers (benchmarks/make_results.py publishes them)
-    write_run_record(out, "python -m algorithms.credit_fidelity", argv, started, time.perf_counter() - clock,
-                     settings={"env": args.env, "requests": args.requests, "seed": args.seed, "train": args.train, **overrides})
+    provenance.write_run_record(out, "python -m algorithms.credit_fidelity", argv, started,
+                                settings={"env": args.env, "requests": args.requests, "seed": args.seed, "train": args.train,
+                                          **overrides})
 
 
 def main(argv: list[str] | None = None) -> int:

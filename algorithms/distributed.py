@@ -128,7 +128,8 @@ def run_jobs_on_ray(todo: list[Any], workers: int, address: str | None, finished
                         packed = ray.get(ref)
                     except Exception as exc:  # the run failed on its worker: report it, keep the others going
                         cause = getattr(exc, "cause", None) or exc
-                        finished(job, f"{type(cause).__name__}: {str(cause).strip().splitlines()[-1] if str(cause).strip() else ''}")
+                        last_line = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
+                        finished(job, f"{type(cause).__name__}: {last_line}")
                         continue
                     if packed is not None:
                         unpack_dir(packed, Path(job.log_dir))

@@ -48,10 +48,9 @@ from typing import Any, Sequence
 
 import yaml
 
-from algorithms.common import cli
+from algorithms.common import cli, provenance
 from algorithms.common.config import ZOO_CONFIG_DIR, parse_overrides, read_yaml
 from algorithms.common.errors import ConfigError, Stopped, VcbmGymError
-from algorithms.common.provenance import write_run_record
 from algorithms.registry import get_algo
 
 SEARCH_SPACES = ZOO_CONFIG_DIR / "search_spaces.yml"
@@ -613,12 +612,10 @@ def resolve_settings(args: Any) -> tuple[Settings, dict[str, Any]]:
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    started, clock = time.time(), time.perf_counter()
+    started = provenance.start()
     settings, base = resolve_settings(args)
     out = cli.output_dir(settings.out, "--out")
     cli.output_dir(Path(settings.storage).parent, "--storage's directory")
-    from algorithms.train import environment_record
-
     objective = settings.objective
     config = {
         **{k: v for k, v in dataclasses.asdict(settings).items() if k not in ("params", "base")},
@@ -630,7 +627,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                    "n_warmup_steps": settings.warmup_steps, "step": "episodes (LLM: iterations) of the first seed"},
         "base_hyperparams": base,
         "backend": args.backend, "address": args.address, "workers": args.workers,
-        **environment_record(),
+        **started.environment,
     }
     cli.atomic_write_text(out / "tune_config.yml", yaml.safe_dump(_jsonable(config), sort_keys=False))
     ran = run_workers(settings, args.workers, args.backend, args.address)
@@ -648,9 +645,9 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     plots = plot_study(study, out)
     best = study.best_trial
     counts = {state: sum(1 for t in study.trials if t.state.name == state) for state in ("COMPLETE", "PRUNED", "FAIL")}
-    write_run_record(out, "python -m algorithms.tune", argv, started, time.perf_counter() - clock,
-                     trials_run_here=ran, study_trials=len(study.trials), states=counts, best_trial=best.number,
-                     best_value=best.value, best_params=best.params)
+    provenance.write_run_record(out, "python -m algorithms.tune", argv, started, trials_run_here=ran,
+                                study_trials=len(study.trials), states=counts, best_trial=best.number,
+                                best_value=best.value, best_params=best.params)
     print(f"{len(study.trials)} trial(s) in study {settings.study_name!r} ({ran} run by this command): "
           f"{counts['COMPLETE']} complete, {counts['PRUNED']} pruned, {counts['FAIL']} failed")
     running = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))

@@ -196,7 +196,8 @@ def test_results_and_table_give_iqm_and_probability_of_improvement_with_cis(tmp_
     iqm = vcbm["iqm"]
     assert f"| vcbm | 1,203.5 [{vcbm['median']['ci_low']:,.1f}, {vcbm['median']['ci_high']:,.1f}] | " \
            f"1,204.2 [{iqm['ci_low']:,.1f}, {iqm['ci_high']:,.1f}] |" in table
-    assert f"probability of improvement P(vcbm < rudder) = {poi['estimate']:.3f} [{poi['ci_low']:.3f}, {poi['ci_high']:.3f}]" in table
+    interval = f"{poi['estimate']:.3f} [{poi['ci_low']:.3f}, {poi['ci_high']:.3f}]"
+    assert f"probability of improvement P(vcbm < rudder) = {interval}" in table
     assert "90% [68%, 99%]" in table  # 18/20 converged, exact CI
     assert "with the cap, a lower bound" in table and "IQM" in table
     assert results["bootstrap"]["library"] == "scipy.stats.bootstrap"

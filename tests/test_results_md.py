@@ -24,7 +24,8 @@ def test_every_section_says_what_its_outputs_record(tmp_path):
     results = tmp_path / "results"
     credit_fidelity(["--env", "SetRetrieval-v0", "--requests", "10", "--out", str(results / "credit_fidelity")])
     record = json.loads((results / "credit_fidelity" / "run.json").read_text())
-    assert record["command"] == f"python -m algorithms.credit_fidelity --env SetRetrieval-v0 --requests 10 --out {results}/credit_fidelity"
+    expected = f"python -m algorithms.credit_fidelity --env SetRetrieval-v0 --requests 10 --out {results}/credit_fidelity"
+    assert record["command"] == expected
     assert record["wall_time_s"] > 0 and "git_commit" in record
     # an LLM benchmark output that records its wall time but neither command nor commit
     shutil.copytree(REPO / "benchmarks" / "results" / "llm_learning", results / "llm_learning")

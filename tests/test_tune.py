@@ -52,7 +52,8 @@ def test_search_space_mistakes_are_one_clear_error(spec, message):
 def test_a_dotted_name_changes_one_key_of_the_zoo_mapping():
     base = {"credit_kwargs": {"broadcast": {"baseline": "given"}, "vcbm_bookmark": {"advantage": "return", "alpha": 0.05}}}
     changed = apply_params(base, {"credit_kwargs.vcbm_bookmark.alpha": 0.2, "learning_rate": 1e-3})
-    assert changed == {"credit_kwargs": {"broadcast": {"baseline": "given"}, "vcbm_bookmark": {"advantage": "return", "alpha": 0.2}},
+    rule = {"advantage": "return", "alpha": 0.2}
+    assert changed == {"credit_kwargs": {"broadcast": {"baseline": "given"}, "vcbm_bookmark": rule},
                        "learning_rate": 1e-3}
     assert base["credit_kwargs"]["vcbm_bookmark"]["alpha"] == 0.05  # the base is not modified
     assert parse_overrides(overrides_argv(changed)) == changed  # through --hyperparams and back
@@ -117,7 +118,8 @@ def test_two_processes_share_one_journal_and_stop_at_the_study_total(tmp_path):
     # the snippet is a zoo entry that train accepts, and the trial's run used exactly those values
     best_out = next(tmp_path / f"out{k}" for k in (0, 1) if (tmp_path / f"out{k}" / "vcbm-WatchRepair-v0" /
                                                                 f"trial{study.best_trial.number}").is_dir())
-    used = yaml.safe_load((best_out / "vcbm-WatchRepair-v0" / f"trial{study.best_trial.number}" / "seed0" / "config.yml").read_text())
+    trial_dir = best_out / "vcbm-WatchRepair-v0" / f"trial{study.best_trial.number}"
+    used = yaml.safe_load((trial_dir / "seed0" / "config.yml").read_text())
     assert {k: used["hyperparams"][k] for k in best} == best
     summary = train(["--algo", "vcbm", "--config", str(last), "--max-episodes", "1500",
                      "--log-dir", str(tmp_path / "rerun"), "--no-progress"])
@@ -142,12 +144,14 @@ def test_sb3_trial_tunes_a_credit_rule_argument_inside_credit_kwargs(tmp_path):
     space.write_text(yaml.safe_dump({"ppo": {"credit_kwargs.vcbm_bookmark.alpha": {"type": "float", "low": 0.01, "high": 0.5,
                                                                                     "log": True}}}))
     result = tune(["--algo", "ppo", "--env", "WatchRepair-v0", "--trials", "1", "--seeds-per-trial", "1", "--max-episodes",
-                   "64", "--search-space", str(space), "--hyperparams", "credit=vcbm_bookmark", "n_envs=4", "batch_size=200", "--out",
+                   "64", "--search-space", str(space), "--hyperparams", "credit=vcbm_bookmark", "n_envs=4", "batch_size=200",
+                   "--out",
                    str(tmp_path / "out")])
     assert result["states"]["COMPLETE"] == 1 and result["best_value"] == 64
     used = yaml.safe_load((tmp_path / "out" / "ppo-WatchRepair-v0" / "trial0" / "seed0" / "config.yml").read_text())
     rule = used["hyperparams"]["credit_kwargs"]["vcbm_bookmark"]
-    assert rule == {"advantage": "return", "baseline": "given", "alpha": result["best_params"]["credit_kwargs.vcbm_bookmark.alpha"]}
+    alpha = result["best_params"]["credit_kwargs.vcbm_bookmark.alpha"]
+    assert rule == {"advantage": "return", "baseline": "given", "alpha": alpha}
     best = yaml.safe_load((tmp_path / "out" / "best.yml").read_text())["WatchRepair-v0"]
     assert best["credit"] == "vcbm_bookmark" and best["credit_kwargs"]["vcbm_bookmark"] == rule
     assert best["credit_kwargs"]["broadcast"] == {"baseline": "given"}  # the zoo's other rules are kept
@@ -158,7 +162,8 @@ def test_llm_trial_tunes_the_vcbm_blend_on_the_text_env(tmp_path):
                    "--iterations", "2", "--final-window", "2", "--out", str(tmp_path),
                    "--hyperparams", "model=tiny-random", "generation_batch_size=4", "num_generations=2",
                    "per_device_train_batch_size=4", "env_kwargs={max_turns: 3}", "max_turns=3"])
-    assert result["states"]["COMPLETE"] == 1 and set(result["best_params"]) == {"vcbm_beta", "vcbm_tau", "vcbm_top_k", "vcbm_alpha"}
+    assert result["states"]["COMPLETE"] == 1
+    assert set(result["best_params"]) == {"vcbm_beta", "vcbm_tau", "vcbm_top_k", "vcbm_alpha"}
     run_dir = tmp_path / "vcbm-loop-TextWatchRepair-v0" / "trial0" / "seed0"
     history = json.loads((run_dir / "history.json").read_text())
     assert result["best_value"] == pytest.approx(sum(h["task_goal_completion"] for h in history) / 2)
