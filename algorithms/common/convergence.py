@@ -112,6 +112,14 @@ class EpisodeOutcomes:
             out["success_rate"] = sum(self.successes) / len(self.successes)
         return out
 
+    def progress(self, episode_return: float) -> dict[str, float]:
+        """What RunContext.report gets after an episode: its return, and the correct-decision moving average
+        as `correct_rate` when the env reports `first_decision_optimal` (tune prunes on it; plot draws it)."""
+        out = {"return": float(episode_return)}
+        if self.has_criterion:
+            out["correct_rate"] = self.tracker.rate
+        return out
+
     def summary(self) -> dict[str, Any]:
         """`converged`, `episodes_to_converge` and `final_correct_rate` are None without the criterion."""
         criterion = self.has_criterion
