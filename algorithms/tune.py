@@ -4,8 +4,8 @@ Samples the algo's search space (zoo_configs/search_spaces.yml, or --search-spac
 sampler ("Algorithms for Hyper-Parameter Optimization", Bergstra et al., NeurIPS 2011); every trial trains
 the same seeds (--seeds-per-trial, from --seed-start) with `algorithms.train`, every hyperparameter not
 searched keeping its zoo value. Objective, per arm:
-- tabular and SB3: minimise the mean episodes to converge over the seeds (SPEC section 4; a run that hits
-  the cap counts with the cap, as compare counts it). Intermediate value every --report-every episodes: the
+- tabular and SB3: minimise the mean episodes to converge over the seeds (the convergence criterion of
+  algorithms/common/convergence.py; a run that hits the cap counts with the cap, as compare counts it). Intermediate value every --report-every episodes: the
   rate of incorrect first decisions (1 - the correct-decision moving average), lower is better.
 - LLM (loop, vcbm-loop, trl-grpo): maximise the task goal completion (text envs: the optimal-decision rate)
   averaged over the last --final-window iterations and the seeds. Intermediate value every iteration: that
