@@ -31,6 +31,11 @@ Non-converged runs (the episode cap ended them) are counted and flagged; they en
 count at the cap, a lower bound of their true episodes-to-converge (so all of them are conservative in
 their favour), and the table says how many there are and that they are counted so.
 
+An env without the convergence criterion (one that reports no evaluation-only
+`info["first_decision_optimal"]`, e.g. CartPole-v1) has no episodes to converge to compare: compare
+plays one random episode of the env before any run starts and refuses it with one line (runs of such an
+env train for their budget and report their return: `python -m algorithms.train`).
+
 An algo of the form `ALGO+RULE` (e.g. `ppo+vcbm_bookmark`) runs `--algo ALGO --credit RULE`.
 """
 
@@ -55,7 +60,7 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from algorithms.common import cli, provenance
+from algorithms.common import cli, convergence, provenance
 from algorithms.common.errors import Stopped, VcbmGymError
 from algorithms.registry import ALGOS, get_algo
 from algorithms.stats import (
@@ -68,6 +73,7 @@ from algorithms.stats import (
 )
 from algorithms.train import ResolvedRun, finished_summary, resolve_argv
 
+EPISODE_RUNNERS = ("algorithms.tabular.runner", "algorithms.sb3.runner")  # runners with the convergence criterion
 MAX_SEEDS = 10_000  # per algo; more is a typo (and would not fit in memory as jobs)
 MAX_WORKERS = 256
 STOP_TIMEOUT_S = 5.0
@@ -119,6 +125,21 @@ def make_jobs(args: argparse.Namespace) -> list[Job]:
             log_dir = Path(args.out) / label / f"seed{seed}"
             jobs.append(Job(label, seed, log_dir, tuple(argv_of(seed, log_dir)), dataclasses.replace(template, seed=seed)))
     return jobs
+
+
+NEEDS = "compare measures episodes to converge"
+
+
+def require_criterion(env_id: str, jobs: list[Job]) -> None:
+    """Refuse, before any run, an env that reports no `first_decision_optimal` at the end of an episode:
+    one random episode per distinct env_kwargs of the tabular and SB3 algos (their runners settle which
+    evaluation keys an env reports at its first episode, algorithms.common.convergence)."""
+    seen: list[dict[str, Any]] = []
+    for job in jobs:
+        env_kwargs = dict(job.run.hyperparams.get("env_kwargs") or {})
+        if get_algo(job.run.algo).runner in EPISODE_RUNNERS and env_kwargs not in seen:
+            seen.append(env_kwargs)
+            convergence.require_criterion(env_id, env_kwargs, NEEDS)
 
 
 def _init_worker() -> None:
@@ -269,6 +290,11 @@ def aggregate(args: argparse.Namespace, jobs: list[Job], summaries: dict[Job, di
     per_algo: dict[str, Any] = {}
     for label in args.algos:
         runs = sorted((job.seed, summaries[job]) for job in jobs if job.label == label)
+        for seed, s in runs:  # an env without the criterion: its runs' convergence fields are null
+            if s.get("converged") is None or s.get("final_correct_rate") is None:
+                raise convergence.no_criterion_error(
+                    args.env, f"{label} seed {seed}'s summary has converged / final_correct_rate null", NEEDS
+                )
         converged = [bool(s["converged"]) for _, s in runs]
         for_stats = [int(s["episodes_to_converge"] if s["converged"] else s["episodes_run"]) for _, s in runs]
         final = [float(s["final_correct_rate"]) for _, s in runs]
@@ -483,6 +509,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     try:
         with locked(out):
             jobs = make_jobs(args)
+            require_criterion(args.env, jobs)
             reused = sum(1 for job in jobs if finished_summary(job.log_dir, job.run)[0] is not None)
             summaries = run_jobs(jobs, args.workers, progress=not args.no_progress, backend=args.backend, address=args.address)
             results = aggregate(args, jobs, summaries)

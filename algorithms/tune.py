@@ -5,8 +5,10 @@ sampler ("Algorithms for Hyper-Parameter Optimization", Bergstra et al., NeurIPS
 the same seeds (--seeds-per-trial, from --seed-start) with `algorithms.train`, every hyperparameter not
 searched keeping its zoo value. Objective, per arm:
 - tabular and SB3: minimise the mean episodes to converge over the seeds (the convergence criterion of
-  algorithms/common/convergence.py; a run that hits the cap counts with the cap, as compare counts it). Intermediate value every --report-every episodes: the
-  rate of incorrect first decisions (1 - the correct-decision moving average), lower is better.
+  algorithms/common/convergence.py; a run that hits the cap counts with the cap, as compare counts it; an env
+  that reports no `first_decision_optimal`, e.g. CartPole-v1, has no criterion and is refused before any
+  trial). Intermediate value every --report-every episodes: the rate of incorrect first decisions (1 - the
+  correct-decision moving average), lower is better.
 - LLM (loop, vcbm-loop, trl-grpo): maximise the task goal completion (text envs: the optimal-decision rate)
   averaged over the last --final-window iterations and the seeds. Intermediate value every iteration: that
   iteration's rate.
@@ -48,7 +50,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from algorithms.common import cli, provenance
+from algorithms.common import cli, convergence, provenance
 from algorithms.common.config import ZOO_CONFIG_DIR, parse_overrides, read_yaml
 from algorithms.common.errors import ConfigError, Stopped, VcbmGymError
 from algorithms.registry import get_algo
@@ -356,6 +358,9 @@ def _final_rate(log_dir: Path, window: int) -> float:
 def run_value(s: Settings, summary: dict[str, Any], log_dir: Path) -> float:
     if s.arm == "llm":
         return _final_rate(log_dir, s.final_window)
+    if summary.get("converged") is None:  # the env reported no first_decision_optimal (null convergence fields)
+        raise convergence.no_criterion_error(s.env, f"seed {summary.get('seed')}'s summary has converged null",
+                                             "tune minimises episodes to converge")
     return float(summary["episodes_to_converge"] if summary["converged"] else summary["episodes_run"])
 
 
@@ -589,6 +594,8 @@ def resolve_settings(args: Any) -> tuple[Settings, dict[str, Any]]:
                 resolve_argv([*base_argv, *overrides_argv(apply_params(base, {param.name: value}))])
     except VcbmGymError as exc:
         raise VcbmGymError(f"search space of {args.algo!r} on {args.env}: {exc}") from None
+    if arm != "llm":  # the objective is episodes to converge: an env without the criterion has none
+        convergence.require_criterion(args.env, base.get("env_kwargs") or {}, "tune minimises episodes to converge")
     budget = int(base["iterations"] if arm == "llm" else base["max_episodes"])
     if args.report_every is not None:
         cli.check_int(args.report_every, "--report-every", 1)

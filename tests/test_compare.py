@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from algorithms.common.errors import VcbmGymError
-from algorithms.compare import Job, aggregate, algo_argv, build_parser, run, table_markdown
+from algorithms.compare import Job, aggregate, algo_argv, build_parser, main, run, table_markdown
 from algorithms.stats import (
     aggregate_estimates,
     describe,
@@ -201,3 +201,25 @@ def test_results_and_table_give_iqm_and_probability_of_improvement_with_cis(tmp_
     assert "90% [68%, 99%]" in table  # 18/20 converged, exact CI
     assert "with the cap, a lower bound" in table and "IQM" in table
     assert results["bootstrap"]["library"] == "scipy.stats.bootstrap"
+
+
+def test_an_env_without_the_convergence_criterion_is_refused_before_any_run(tmp_path, capsys):
+    """CartPole reports no first_decision_optimal: its runs train for their budget with null convergence
+    fields (issue16), which compare cannot turn into episodes to converge; one line, nothing run."""
+    argv = ["--env", "CartPole-v1", "--algos", "ppo", "--seeds", "2", "--max-episodes", "5", "--workers", "0",
+            "--out", str(tmp_path), "--no-progress"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "'CartPole-v1'" in err and "first_decision_optimal" in err
+    assert not (tmp_path / "ppo").exists() and not (tmp_path / "results.json").exists()
+
+
+def test_aggregate_refuses_summaries_with_null_convergence_fields(tmp_path):
+    """A summary of a run without the criterion (found in --out, say) fails with one line naming the env
+    and the key, not with float(None)."""
+    args = build_parser().parse_args(["--env", "CartPole-v1", "--algos", "ppo", "--seeds", "1", "--out", str(tmp_path)])
+    job = Job("ppo", 0, tmp_path / "ppo" / "seed0", (), None)
+    summary = {"converged": None, "episodes_to_converge": None, "episodes_run": 5, "final_correct_rate": None,
+               "mean_return_last_episodes": 21.0}  # fmt: skip
+    with pytest.raises(VcbmGymError, match=r"env 'CartPole-v1' reports no info\['first_decision_optimal'\].*ppo seed 0"):
+        aggregate(args, [job], {job: summary})

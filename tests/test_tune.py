@@ -186,3 +186,10 @@ def test_bad_tune_arguments_are_one_clear_error(tmp_path, extra, message):
     with pytest.raises(VcbmGymError, match=message):
         tune([*FAST_VCBM[:4], *extra, "--out", str(tmp_path)])
     assert not (tmp_path / "study.journal").exists()  # refused before any study exists
+
+
+def test_an_env_without_the_convergence_criterion_is_refused_before_any_trial(tmp_path):
+    """CartPole reports no first_decision_optimal: episodes to converge, the objective, does not exist there."""
+    with pytest.raises(VcbmGymError, match=r"env 'CartPole-v1' reports no info\['first_decision_optimal'\].*tune"):
+        tune(["--algo", "ppo", "--env", "CartPole-v1", "--trials", "1", "--max-episodes", "5", "--out", str(tmp_path)])
+    assert not (tmp_path / "study.journal").exists()
