@@ -70,3 +70,14 @@ def test_run_writes_resolved_config_summary_and_tensorboard_scalars(run_cli, tmp
         assert tag in tags, tags
     assert len(events.Scalars("train/episode_return")) == 60
     assert events.Scalars("roles/repaired_flag")[-1].value == 3.0  # Role.CONTROLLED
+
+
+def test_exponent_floats_read_as_floats_in_overrides_and_files(tmp_path):
+    """PyYAML's YAML 1.1 rules read `1e-3` as a string; a float field then refused it."""
+    from algorithms.common.config import parse_overrides, read_yaml
+
+    assert parse_overrides(["a=1e-3", "b=-2E+2", "c=3", "d=1.5", "e=1e3x", "f=[1e-3, 2]"]) == {
+        "a": 0.001, "b": -200.0, "c": 3, "d": 1.5, "e": "1e3x", "f": [0.001, 2]}
+    path = tmp_path / "c.yml"
+    path.write_text("learning_rate: 5e-5\nname: 2e\n")
+    assert read_yaml(path) == {"learning_rate": 5e-05, "name": "2e"}

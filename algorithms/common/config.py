@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from pathlib import Path
 from typing import Any, Mapping
@@ -13,6 +14,21 @@ import yaml
 from algorithms.common.errors import ConfigError
 
 ZOO_CONFIG_DIR = Path(__file__).resolve().parents[2] / "zoo_configs"
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads `1e-3` as the float it is (YAML 1.2); PyYAML's YAML 1.1 rules make it a string."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def load_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
 
 
 def read_yaml(path: str | Path) -> Any:
@@ -28,7 +44,7 @@ def read_yaml(path: str | Path) -> Any:
     if "\0" in text:
         raise ConfigError(f"config file {str(path)!r} holds binary data: expected a YAML file")
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as exc:
         first = str(exc).strip().splitlines()
         where = ""
@@ -94,7 +110,7 @@ def parse_overrides(items: typing.Sequence[str]) -> dict[str, Any]:
         if not sep or not key:
             raise ConfigError(f"malformed hyperparameter {item!r}: expected key=value")
         try:
-            out[key.strip()] = yaml.safe_load(raw)
+            out[key.strip()] = load_yaml(raw)
         except yaml.YAMLError:
             raise ConfigError(f"malformed value in hyperparameter {item!r}: expected a YAML scalar or list") from None
     return out
