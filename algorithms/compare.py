@@ -1,25 +1,40 @@
 """`python -m algorithms.compare --env WatchRepair-v0 --algos vcbm rudder --seeds 20 --out DIR`: Table II and Figure 1.
 
-Runs every (algo, seed) through `algorithms.train.run` in a process pool, one log dir per run
-(`DIR/<algo>/seed<k>/`, where train writes summary.json, config.yml and TensorBoard events), then
-writes `DIR/results.json`, `DIR/table.md` (Table II of the VCBM paper, arXiv:2610.24032) and `DIR/figure.png` (Figure 1), and
+Runs every (algo, seed) through `algorithms.train.run`, each in its own process (`--backend process`) or as
+a Ray task on a local Ray instance or an existing cluster (`--backend ray [--address ADDR]`,
+algorithms.distributed), one log dir per run (`DIR/<algo>/seed<k>/`, where train writes summary.json,
+config.yml and TensorBoard events), then writes `DIR/results.json`, `DIR/table.md` (Table II of the VCBM
+paper, arXiv:2610.24032), `DIR/figure.png` (Figure 1), `DIR/curves.png` / `.svg` (the correct-decision rate
+across seeds, algorithms.plot) and `DIR/run.json` (the command, commit, wall time, backend and resolved
+configs), and
 prints the table.
+
+Statistics (algorithms.stats): per method the range, mean +- std and median of the paper's table, and the
+median, interquartile mean and mean with percentile-bootstrap 95% CIs (scipy.stats.bootstrap, seeds
+resampled; "Deep Reinforcement Learning at the Edge of the Statistical Precipice", Agarwal et al., 2021), the
+converged fraction with its exact CI; for every pair Mann-Whitney U and the probability of improvement
+(the normalised U) with its bootstrap CI. The bootstrap's seed is fixed, so results.json is reproducible.
 
 Resuming: a run whose log dir holds a summary.json written for the same resolved config (its
 config hash: algo, env, seed and every hyperparameter after zoo_configs, --hyperparams and the
 episode cap) and unchanged since (its checksum) is reused, not rerun; any other run is rerun and
 the reason printed. So a killed comparison rerun with the same arguments computes only the missing
-seeds and ends with the same results.json (which holds no wall times for that reason), and an
-edited zoo config or request never reuses a stale result.
+seeds and ends with the same results.json (which holds no wall times for that reason: they go to
+run.json), and an edited zoo config or request never reuses a stale result.
 
 Stopping: Ctrl-C or SIGTERM stops the workers within seconds, keeps every finished seed and exits
 with 130 or 143; a worker exits by itself when compare dies (even by SIGKILL). A lock file
 (DIR/.compare.lock) keeps a second compare out of the same --out.
 
-Non-converged runs (the episode cap ended them) are counted and flagged; they enter the statistics
-with their episode count at the cap, a lower bound of their true episodes-to-converge (so the
-mean, median and the Mann-Whitney test are conservative in their favour), and the table says how
-many there are.
+Non-converged runs (the episode cap ended them) are counted and flagged; they enter every statistic
+(range, mean, median, IQM, their CIs, the probability of improvement, Mann-Whitney) with their episode
+count at the cap, a lower bound of their true episodes-to-converge (so all of them are conservative in
+their favour), and the table says how many there are and that they are counted so.
+
+An env without the convergence criterion (one that reports no evaluation-only
+`info["first_decision_optimal"]`, e.g. CartPole-v1) has no episodes to converge to compare: compare
+plays one random episode of the env before any run starts and refuses it with one line (runs of such an
+env train for their budget and report their return: `python -m algorithms.train`).
 
 An algo of the form `ALGO+RULE` (e.g. `ppo+vcbm_bookmark`) runs `--algo ALGO --credit RULE`.
 """
@@ -45,15 +60,29 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from algorithms.common import cli
+from algorithms.common import cli, convergence, provenance
 from algorithms.common.errors import Stopped, VcbmGymError
 from algorithms.registry import ALGOS, get_algo
-from algorithms.stats import describe, mann_whitney
+from algorithms.stats import (
+    aggregate_estimates,
+    bootstrap_description,
+    describe,
+    fraction_estimate,
+    improvement_estimate,
+    mann_whitney,
+)
 from algorithms.train import ResolvedRun, finished_summary, resolve_argv
 
+EPISODE_RUNNERS = ("algorithms.tabular.runner", "algorithms.sb3.runner")  # runners with the convergence criterion
 MAX_SEEDS = 10_000  # per algo; more is a typo (and would not fit in memory as jobs)
 MAX_WORKERS = 256
 STOP_TIMEOUT_S = 5.0
+BACKENDS = ("process", "ray")
+CENSORED = (
+    "runs that hit the episode cap enter every statistic (range, mean, median, IQM, their bootstrap CIs, the "
+    "probability of improvement and Mann-Whitney) with their episode count at the cap, a lower bound of their "
+    "episodes to converge, and are flagged in `converged`"
+)
 
 
 @dataclass(frozen=True)
@@ -96,6 +125,21 @@ def make_jobs(args: argparse.Namespace) -> list[Job]:
             log_dir = Path(args.out) / label / f"seed{seed}"
             jobs.append(Job(label, seed, log_dir, tuple(argv_of(seed, log_dir)), dataclasses.replace(template, seed=seed)))
     return jobs
+
+
+NEEDS = "compare measures episodes to converge"
+
+
+def require_criterion(env_id: str, jobs: list[Job]) -> None:
+    """Refuse, before any run, an env that reports no `first_decision_optimal` at the end of an episode:
+    one random episode per distinct env_kwargs of the tabular and SB3 algos (their runners settle which
+    evaluation keys an env reports at its first episode, algorithms.common.convergence)."""
+    seen: list[dict[str, Any]] = []
+    for job in jobs:
+        env_kwargs = dict(job.run.hyperparams.get("env_kwargs") or {})
+        if get_algo(job.run.algo).runner in EPISODE_RUNNERS and env_kwargs not in seen:
+            seen.append(env_kwargs)
+            convergence.require_criterion(env_id, env_kwargs, NEEDS)
 
 
 def _init_worker() -> None:
@@ -157,8 +201,10 @@ def _stop_on_sigterm(signum: int, frame: Any) -> None:
     raise Stopped("SIGTERM", 128 + signal.SIGTERM)
 
 
-def run_jobs(jobs: list[Job], workers: int, progress: bool = True) -> dict[Job, dict[str, Any]]:
-    """Run the jobs that have no finished summary yet; return every job's summary."""
+def run_jobs(jobs: list[Job], workers: int, progress: bool = True, backend: str = "process",
+             address: str | None = None) -> dict[Job, dict[str, Any]]:
+    """Run the jobs that have no finished summary yet (in local processes, or as Ray tasks);
+    return every job's summary."""
     summaries, stale = {}, []
     for job in jobs:
         summary, why = finished_summary(job.log_dir, job.run)
@@ -174,16 +220,48 @@ def run_jobs(jobs: list[Job], workers: int, progress: bool = True) -> dict[Job, 
               + (f"; and {len(stale) - 3} more" if len(stale) > 3 else ""), file=sys.stderr)
     bar = tqdm(total=len(todo), desc="runs", unit="run", disable=not progress)
     failures: list[str] = []
+
+    def finished(job: Job, error: str | None) -> None:
+        """One job ended: keep its summary, or its failure for the report at the end."""
+        summary, why = finished_summary(job.log_dir, job.run) if error is None else (None, error)
+        if summary is None:  # keep the other seeds going; report at the end
+            failures.append(f"{job.label} seed {job.seed}: {why}")
+        else:
+            summaries[job] = summary
+        bar.update(1)
+        bar.set_postfix_str(f"{job.label} seed {job.seed}")
+
+    try:
+        if backend == "ray":
+            from algorithms.distributed import run_jobs_on_ray
+
+            run_jobs_on_ray(todo, workers, address, finished)
+        else:
+            _run_processes(todo, workers, finished)
+    except (KeyboardInterrupt, Stopped) as exc:
+        signame, code = ("SIGINT", 130) if isinstance(exc, KeyboardInterrupt) else (str(exc), exc.exit_code)
+        done = sum(1 for job in jobs if finished_summary(job.log_dir, job.run)[0] is not None)
+        raise Stopped(f"{signame}: {done} of {len(jobs)} run(s) finished and kept in their log dirs; "
+                      "rerun the same command to continue", code) from None
+    finally:
+        bar.close()
+    if failures:
+        raise VcbmGymError(f"{len(failures)} run(s) failed (finished ones are kept in their log dirs): " + "; ".join(failures))
+    return summaries
+
+
+def _run_processes(todo: list[Job], workers: int, finished: Any) -> None:
+    """One spawned process per job, at most `workers` at once (0: every job in this process)."""
+    if workers == 0:  # in this process: for tests and debugging
+        _init_worker()
+        for job in todo:
+            _run_job(job.argv)
+            finished(job, None)
+        return
+    context = get_context("spawn")
     running: dict[Any, tuple[Job, Connection]] = {}
     queue = deque(todo)
     try:
-        if workers == 0:  # in this process: for tests and debugging
-            _init_worker()
-            for job in todo:
-                summaries[job] = _run_job(job.argv)
-                bar.update(1)
-            queue.clear()
-        context = get_context("spawn")
         while queue or running:
             while queue and len(running) < workers:
                 job = queue.popleft()
@@ -202,25 +280,9 @@ def run_jobs(jobs: list[Job], workers: int, progress: bool = True) -> dict[Job, 
                 except EOFError:  # the worker closed its end without a message
                     message = f"exit code {process.exitcode}"
                 receive.close()
-                summary, why = finished_summary(job.log_dir, job.run) if process.exitcode == 0 else (None, message)
-                if summary is None:  # keep the other seeds going; report at the end
-                    failures.append(f"{job.label} seed {job.seed}: {why}")
-                else:
-                    summaries[job] = summary
-                bar.update(1)
-                bar.set_postfix_str(f"{job.label} seed {job.seed}")
-    except (KeyboardInterrupt, Stopped) as exc:
-        _stop_processes(running)
-        signame, code = ("SIGINT", 130) if isinstance(exc, KeyboardInterrupt) else (str(exc), exc.exit_code)
-        done = sum(1 for job in jobs if finished_summary(job.log_dir, job.run)[0] is not None)
-        raise Stopped(f"{signame}: {done} of {len(jobs)} run(s) finished and kept in their log dirs; "
-                      "rerun the same command to continue", code) from None
+                finished(job, None if process.exitcode == 0 else message)
     finally:
-        bar.close()
         _stop_processes(running)
-    if failures:
-        raise VcbmGymError(f"{len(failures)} run(s) failed (finished ones are kept in their log dirs): " + "; ".join(failures))
-    return summaries
 
 
 def aggregate(args: argparse.Namespace, jobs: list[Job], summaries: dict[Job, dict[str, Any]]) -> dict[str, Any]:
@@ -228,6 +290,11 @@ def aggregate(args: argparse.Namespace, jobs: list[Job], summaries: dict[Job, di
     per_algo: dict[str, Any] = {}
     for label in args.algos:
         runs = sorted((job.seed, summaries[job]) for job in jobs if job.label == label)
+        for seed, s in runs:  # an env without the criterion: its runs' convergence fields are null
+            if s.get("converged") is None or s.get("final_correct_rate") is None:
+                raise convergence.no_criterion_error(
+                    args.env, f"{label} seed {seed}'s summary has converged / final_correct_rate null", NEEDS
+                )
         converged = [bool(s["converged"]) for _, s in runs]
         for_stats = [int(s["episodes_to_converge"] if s["converged"] else s["episodes_run"]) for _, s in runs]
         final = [float(s["final_correct_rate"]) for _, s in runs]
@@ -239,6 +306,7 @@ def aggregate(args: argparse.Namespace, jobs: list[Job], summaries: dict[Job, di
             "episodes_for_stats": for_stats,
             "final_correct_rate": final,
             "stats": {**describe(for_stats), "final_correct_rate_mean": sum(final) / len(final)},
+            "aggregate": {**aggregate_estimates(for_stats), "fraction_converged": fraction_estimate(sum(converged), len(runs))},
         }
         roles = [s["roles"] for _, s in runs if "roles" in s]
         if roles:
@@ -248,14 +316,23 @@ def aggregate(args: argparse.Namespace, jobs: list[Job], summaries: dict[Job, di
         f"{a}_vs_{b}": mann_whitney(per_algo[a]["episodes_for_stats"], per_algo[b]["episodes_for_stats"])
         for a, b in itertools.combinations(args.algos, 2)
     }
+    improvement = {
+        f"{a}_vs_{b}": {
+            **improvement_estimate(per_algo[a]["episodes_for_stats"], per_algo[b]["episodes_for_stats"], lower_is_better=True),
+            "meaning": f"P({a} needs fewer episodes to converge than {b}) + P(tie) / 2, one seed of each drawn at random",
+        }
+        for a, b in itertools.combinations(args.algos, 2)
+    }
     return {
         "env": args.env,
         "seeds": list(range(args.seed_start, args.seed_start + args.seeds)),
         "max_episodes": args.max_episodes,
         "hyperparams": list(args.hyperparams),
-        "non_converged_runs": "enter the statistics with their episode count at the cap (a lower bound), flagged in `converged`",
+        "non_converged_runs": CENSORED,
         "algos": per_algo,
         "mann_whitney": tests,
+        "probability_of_improvement": improvement,
+        "bootstrap": bootstrap_description(),
     }
 
 
@@ -274,16 +351,46 @@ def table_markdown(results: dict[str, Any]) -> str:
             f"| {label} | {entry['n_converged']}/{s['n']} | {s['min']:,.0f}–{s['max']:,.0f} | "
             f"{s['mean']:,.1f} ± {s['std']:,.1f} | {s['median']:,.1f} | {100 * s['final_correct_rate_mean']:.2f}% |"
         )
+    boot = results["bootstrap"]
+    lines += [
+        "",
+        f"Aggregate episodes to converge with {100 * boot['confidence_level']:.0f}% CIs ({boot['method']} bootstrap, "
+        f"{boot['n_resamples']:,} resamples of each method's seeds); converged fraction with its exact CI.",
+        "",
+        "| Method | Median [95% CI] | IQM [95% CI] | Mean [95% CI] | Converged [95% CI] |",
+        "|---|---|---|---|---|",
+    ]
+    for label, entry in results["algos"].items():
+        agg = entry["aggregate"]
+        fraction = agg["fraction_converged"]
+        lines.append(
+            f"| {label} | {_with_ci(agg['median'])} | {_with_ci(agg['iqm'])} | {_with_ci(agg['mean'])} | "
+            f"{100 * fraction['estimate']:.0f}% [{100 * fraction['ci_low']:.0f}%, {100 * fraction['ci_high']:.0f}%] |"
+        )
     if any(entry["n_converged"] < len(entry["seeds"]) for entry in results["algos"].values()):
-        lines += ["", "Runs that hit the episode cap enter the statistics with the cap (a lower bound)."]
+        lines += ["", "Runs that hit the episode cap enter every statistic here (range, mean, median, IQM, their CIs, "
+                  "the probability of improvement and Mann–Whitney) with the cap, a lower bound of their episodes "
+                  "to converge. The median and IQM do not depend on how far past the cap such runs would have gone "
+                  "while fewer than half (median) or a quarter (IQM) of a method's runs hit it."]
     for name, t in results["mann_whitney"].items():
         a, b = name.split("_vs_")
+        poi = results["probability_of_improvement"][name]
         lines += [
             "",
             f"Mann–Whitney U ({a} vs {b}, two-sided, normal approximation, tie-corrected): "
-            f"U = {t['U']:g}, z = {t['z']:.2f}, p = {'n/a (all values tie)' if t['p'] is None else format(t['p'], '.3g')}, rank-biserial r = {t['rank_biserial_r']:.2f}.",
+            f"U = {t['U']:g}, z = {t['z']:.2f}, p = {'n/a (all values tie)' if t['p'] is None else format(t['p'], '.3g')}, "
+            f"rank-biserial r = {t['rank_biserial_r']:.2f}; "
+            f"probability of improvement P({a} < {b}) = {_with_ci(poi, '.3f')} "
+            "(P(fewer episodes) + P(tie) / 2 = (1 + r) / 2).",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _with_ci(estimate: dict[str, Any], spec: str = ",.1f") -> str:
+    """'1,205.0 [1,000.0, 1,260.0]'; a method with one seed has no interval."""
+    if estimate["ci_low"] is None:
+        return f"{estimate['estimate']:{spec}} [n/a: one seed]"
+    return f"{estimate['estimate']:{spec}} [{estimate['ci_low']:{spec}}, {estimate['ci_high']:{spec}}]"
 
 
 def plot_figure(results: dict[str, Any], path: Path) -> None:
@@ -338,10 +445,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--algos", nargs="+", required=True, help="algo names, or ALGO+CREDIT_RULE")
     parser.add_argument("--seeds", type=int, default=20, help="number of seeds per algo")
     parser.add_argument("--seed-start", type=int, default=0, help="first seed (seeds are consecutive)")
-    parser.add_argument("--workers", type=int, default=2, help="parallel processes (0: run in this process)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="seeds run at once (process: parallel processes, 0 runs them in this process; "
+                        "ray: tasks in flight, and the CPUs of a local Ray instance)")
+    parser.add_argument("--backend", default="process", help=f"where the seeds run, one of: {', '.join(BACKENDS)}")
+    parser.add_argument("--address", default=None,
+                        help="with --backend ray: an existing Ray cluster (e.g. auto, or ray://HOST:10001); "
+                        "default: a local Ray instance for this compare")
     parser.add_argument("--max-episodes", type=int, default=None, help="episode cap passed to every run")
     parser.add_argument("--hyperparams", nargs="*", default=[], metavar="KEY=VALUE", help="passed to every run")
     parser.add_argument("--out", required=True, help="output dir (finished runs found there are reused)")
+    parser.add_argument("--no-curves", action="store_true", help="skip the learning-curve figure (reads every run's logs)")
     parser.add_argument("--no-progress", action="store_true")
     return parser
 
@@ -369,7 +483,8 @@ def locked(out: Path):
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
     cli.check_int(args.seeds, "--seeds", 1, MAX_SEEDS)
     cli.check_int(args.workers, "--workers", 0, MAX_WORKERS)
     cli.check_seed(args.seed_start, "--seed-start")
@@ -378,12 +493,25 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         cli.check_int(args.max_episodes, "--max-episodes", 1)
     if len(set(args.algos)) != len(args.algos):
         raise VcbmGymError(f"--algos {args.algos}: expected distinct algos")
+    if args.backend not in BACKENDS:
+        raise VcbmGymError(f"--backend {args.backend!r}: expected one of {', '.join(BACKENDS)}")
+    if args.backend == "ray":
+        if args.workers < 1:
+            raise VcbmGymError(f"--workers {args.workers} with --backend ray: expected an integer >= 1 (tasks in flight)")
+        from algorithms.distributed import require_ray
+
+        require_ray("--backend ray")
+    elif args.address is not None:
+        raise VcbmGymError(f"--address {args.address!r} with --backend {args.backend}: expected --backend ray")
     out = cli.output_dir(args.out, "--out")
+    started = provenance.start()
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if threading.current_thread() is threading.main_thread() else None
     try:
         with locked(out):
             jobs = make_jobs(args)
-            summaries = run_jobs(jobs, args.workers, progress=not args.no_progress)
+            require_criterion(args.env, jobs)
+            reused = sum(1 for job in jobs if finished_summary(job.log_dir, job.run)[0] is not None)
+            summaries = run_jobs(jobs, args.workers, progress=not args.no_progress, backend=args.backend, address=args.address)
             results = aggregate(args, jobs, summaries)
             cli.atomic_write_json(out / "results.json", results)
             table = table_markdown(results)
@@ -391,6 +519,21 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             figure = out / ".figure.tmp.png"
             plot_figure(results, figure)
             os.replace(figure, out / "figure.png")
+            if not args.no_curves:
+                from algorithms.plot import plot_learning_curves
+
+                groups = {label: [job.log_dir for job in jobs if job.label == label] for label in args.algos}
+                plot_learning_curves(groups, "correct", out / "curves.png",
+                                     title=f"{args.env}: correct first decisions (moving average), mean and 95% CI over seeds")
+            provenance.write_run_record(
+                out, "python -m algorithms.compare", argv, started, backend=args.backend, address=args.address,
+                workers=args.workers,
+                runs=len(jobs), runs_reused=reused, runs_run=len(jobs) - reused,
+                run_time_s_sum=round(sum(float(s.get("wall_time_s", 0.0)) for s in summaries.values()), 3),
+                resolved={label: {**next(j.run for j in jobs if j.label == label).identity(), "seed": "per run",
+                                  "argv_first_seed": list(next(j.argv for j in jobs if j.label == label))}
+                          for label in args.algos},
+            )
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -30,7 +30,7 @@ import numpy as np
 from scipy import stats
 
 import vcbm_gym  # noqa: F401  (registers the envs)
-from algorithms.common import cli
+from algorithms.common import cli, provenance
 from algorithms.common.errors import ConfigError
 from vcbm_gym.credit.set_credit import set_credit, shapley_exact, zero_sum_shaping
 
@@ -262,6 +262,7 @@ def build_parser() -> cli.ArgumentParser:
 
 
 def run(argv: list[str]) -> None:
+    started = provenance.start()
     args = build_parser().parse_args(argv)
     cli.check_int(args.requests, "--requests", 10, MAX_REQUESTS)
     cli.check_seed(args.seed, "--seed")
@@ -280,6 +281,10 @@ def run(argv: list[str]) -> None:
         markdown = training_markdown(training)
         cli.atomic_write_text(out / "training.md", markdown)
         print(markdown)
+    # the command, commit and wall time behind these numbers (benchmarks/make_results.py publishes them)
+    provenance.write_run_record(out, "python -m algorithms.credit_fidelity", argv, started,
+                                settings={"env": args.env, "requests": args.requests, "seed": args.seed, "train": args.train,
+                                          **overrides})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Sequence
@@ -38,7 +39,8 @@ from algorithms.common.run_context import RunContext
 from algorithms.registry import ALGOS, get_algo
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("numpy", "gymnasium", "stable-baselines3", "torch", "scipy", "pyyaml", "trl", "transformers", "peft")
+PACKAGES = ("numpy", "gymnasium", "stable-baselines3", "torch", "scipy", "pyyaml", "trl", "transformers", "peft", "optuna",
+            "ray")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,8 +227,9 @@ def prepare_log_dir(log_dir: Path, run: ResolvedRun, args: argparse.Namespace, r
     return None
 
 
-def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Parse a command line, train, and return the summary (also written to summary.json)."""
+def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
+    """Parse a command line, train, and return the summary (also written to summary.json). `report`, if given,
+    receives the run's progress (see RunContext.report)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args, runner, runner_resumes = parse(argv)
     resolved = resolve(args, runner)
@@ -247,7 +250,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     start = time.perf_counter()
     # a copy: SB3 adds entries to policy_kwargs in place, which must not change the recorded config
     hyperparams = copy.deepcopy(resolved.hyperparams)
-    ctx = RunContext(args.algo, args.env, args.seed, str(log_dir), hyperparams, args, progress=not args.no_progress)
+    ctx = RunContext(args.algo, args.env, args.seed, str(log_dir), hyperparams, args, progress=not args.no_progress,
+                     report=report)
     result = runner.run(ctx)
     summary = {"algo": args.algo, "env": args.env, "seed": args.seed, **result}
     summary["wall_time_s"] = time.perf_counter() - start

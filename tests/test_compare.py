@@ -5,12 +5,19 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from scipy import stats
 
 from algorithms.common.errors import VcbmGymError
-from algorithms.compare import algo_argv, run
-from algorithms.stats import describe, mann_whitney
+from algorithms.compare import Job, aggregate, algo_argv, build_parser, main, run, table_markdown
+from algorithms.stats import (
+    aggregate_estimates,
+    describe,
+    fraction_estimate,
+    improvement_estimate,
+    mann_whitney,
+)
 
 
 def test_mann_whitney_equals_scipy_and_a_hand_computation():
@@ -70,7 +77,7 @@ def _argv(out, seeds, workers=0, max_episodes=60):
 
 def test_compare_end_to_end_writes_results_table_and_figure(tmp_path, capsys):
     results = run(_argv(tmp_path, seeds=2, workers=2))
-    for name in ("results.json", "table.md", "figure.png"):
+    for name in ("results.json", "table.md", "figure.png", "curves.png", "curves.svg", "run.json"):
         assert (tmp_path / name).stat().st_size > 0
     for algo in ("mc", "td"):
         for seed in (0, 1):
@@ -84,7 +91,7 @@ def test_compare_end_to_end_writes_results_table_and_figure(tmp_path, capsys):
     assert mc["episodes_to_converge"] == [None, None] and mc["episodes_for_stats"] == [60, 60]
     assert set(saved["mann_whitney"]) == {"mc_vs_td"}
     table = (tmp_path / "table.md").read_text()
-    assert "| mc | 0/2 | 60–60 |" in table and "enter the statistics with the cap" in table
+    assert "| mc | 0/2 | 60–60 |" in table and "enter every statistic here" in table
     assert "| Method | Converged | Range | Mean ± std | Median | Final % |" in capsys.readouterr().out
 
 
@@ -99,3 +106,120 @@ def test_a_resumed_comparison_ends_with_the_same_results(tmp_path):
     # A different episode cap is a different request: that run is redone, not reused.
     run(_argv(resumed, seeds=1, max_episodes=70))
     assert json.loads((resumed / "mc" / "seed0" / "summary.json").read_text())["episodes_run"] == 70
+
+
+# Fixed numbers: episodes to converge of 20 seeds each; two seeds of each method hit a 5,000-episode cap.
+EPISODES_A = [1195, 1199, 1199, 1200, 1200, 1201, 1202, 1202, 1203, 1203, 1204, 1205, 1206, 1207, 1209, 1211, 1230, 1407,
+              5000, 5000]
+EPISODES_B = [1389, 1500, 1700, 1887, 1950, 2010, 2100, 2256, 2256, 2300, 2500, 2686, 2900, 3100, 3365, 3600, 4000, 5000,
+              5000, 1200]
+
+
+def _direct_bootstrap(samples, statistic, n=40_000, seed=7):
+    """A bootstrap written out: resample every sample's runs with replacement, percentile interval."""
+    rng = np.random.default_rng(seed)
+    draws = [np.asarray(s, float)[rng.integers(0, len(s), (n, len(s)))] for s in samples]
+    return np.quantile(statistic(*draws), [0.025, 0.975])
+
+
+def _iqm_by_hand(v):
+    v = np.sort(v, axis=-1)
+    return v[..., 5:15].mean(axis=-1)  # 20 runs: drop the 5 lowest and the 5 highest
+
+
+def _poi_by_hand(x, y):
+    """P(x < y) + P(x == y) / 2 over all pairs (lower episodes is better)."""
+    less = (x[..., :, None] < y[..., None, :]).mean(axis=(-2, -1))
+    tie = (x[..., :, None] == y[..., None, :]).mean(axis=(-2, -1))
+    return less + 0.5 * tie
+
+
+def test_aggregate_estimates_match_a_direct_computation():
+    x = np.array(EPISODES_A, float)
+    agg = aggregate_estimates(EPISODES_A)
+    assert agg["iqm"]["estimate"] == pytest.approx(np.sort(x)[5:15].mean()) == pytest.approx(1204.2)
+    assert agg["median"]["estimate"] == 1203.5 and agg["mean"]["estimate"] == pytest.approx(x.mean())
+    for name, statistic, tolerance in (("iqm", _iqm_by_hand, 0.02), ("median", lambda v: np.median(v, axis=-1), 0.01),
+                                       ("mean", lambda v: v.mean(axis=-1), 0.03)):
+        low, high = _direct_bootstrap([x], statistic)
+        assert agg[name]["ci_low"] <= agg[name]["estimate"] <= agg[name]["ci_high"]
+        assert agg[name]["ci_low"] == pytest.approx(low, rel=tolerance), name
+        assert agg[name]["ci_high"] == pytest.approx(high, rel=tolerance), name
+    # the same numbers always give the same interval (results.json must be reproducible)
+    assert aggregate_estimates(EPISODES_A) == agg
+    # a sample without spread has a point interval; a single run has none
+    assert aggregate_estimates([7, 7, 7])["iqm"] == {"estimate": 7.0, "ci_low": 7.0, "ci_high": 7.0}
+    assert aggregate_estimates([7])["mean"] == {"estimate": 7.0, "ci_low": None, "ci_high": None}
+
+
+def test_probability_of_improvement_is_the_normalised_mann_whitney_u():
+    x, y = np.array(EPISODES_A, float), np.array(EPISODES_B, float)
+    poi = improvement_estimate(EPISODES_A, EPISODES_B, lower_is_better=True)
+    assert poi["estimate"] == pytest.approx(_poi_by_hand(x, y))  # 1200 vs 1200 and 5000 vs 5000 tie
+    assert poi["estimate"] == pytest.approx((1 + mann_whitney(EPISODES_A, EPISODES_B)["rank_biserial_r"]) / 2)
+    low, high = _direct_bootstrap([x, y], _poi_by_hand)
+    assert poi["ci_low"] == pytest.approx(low, abs=0.01) and poi["ci_high"] == pytest.approx(high, abs=0.01)
+    reverse = improvement_estimate(EPISODES_B, EPISODES_A, lower_is_better=True)
+    assert reverse["estimate"] == pytest.approx(1 - poi["estimate"])
+    higher = improvement_estimate(EPISODES_A, EPISODES_B, lower_is_better=False)  # for returns: higher is better
+    assert higher["estimate"] == pytest.approx(1 - poi["estimate"])
+    separated = improvement_estimate([1, 2, 3], [4, 5, 6], lower_is_better=True)
+    assert separated == {"estimate": 1.0, "ci_low": 1.0, "ci_high": 1.0}
+
+
+def test_fraction_converged_has_the_exact_clopper_pearson_interval():
+    f = fraction_estimate(18, 20)
+    assert f["estimate"] == 0.9
+    assert f["ci_low"] == pytest.approx(stats.beta.ppf(0.025, 18, 3))
+    assert f["ci_high"] == pytest.approx(stats.beta.ppf(0.975, 19, 2))
+    assert fraction_estimate(20, 20)["ci_high"] == 1.0
+
+
+def test_results_and_table_give_iqm_and_probability_of_improvement_with_cis(tmp_path):
+    """compare's results.json and table.md on fixed per-seed outcomes (no training)."""
+    args = build_parser().parse_args(["--algos", "vcbm", "rudder", "--seeds", "20", "--out", str(tmp_path)])
+    jobs, summaries = [], {}
+    for label, episodes in (("vcbm", EPISODES_A), ("rudder", EPISODES_B)):
+        for seed, n in enumerate(episodes):
+            job = Job(label, seed, tmp_path / label / f"seed{seed}", (), None)
+            converged = n < 5000
+            jobs.append(job)
+            summaries[job] = {"converged": converged, "episodes_to_converge": n if converged else None, "episodes_run": n,
+                              "final_correct_rate": 0.95}
+    results = aggregate(args, jobs, summaries)
+    vcbm = results["algos"]["vcbm"]["aggregate"]
+    assert vcbm["iqm"]["estimate"] == pytest.approx(1204.2)
+    assert vcbm["fraction_converged"]["estimate"] == 0.9
+    poi = results["probability_of_improvement"]["vcbm_vs_rudder"]
+    assert poi["estimate"] == pytest.approx(_poi_by_hand(np.array(EPISODES_A, float), np.array(EPISODES_B, float)))
+    table = table_markdown(results)
+    iqm = vcbm["iqm"]
+    assert f"| vcbm | 1,203.5 [{vcbm['median']['ci_low']:,.1f}, {vcbm['median']['ci_high']:,.1f}] | " \
+           f"1,204.2 [{iqm['ci_low']:,.1f}, {iqm['ci_high']:,.1f}] |" in table
+    interval = f"{poi['estimate']:.3f} [{poi['ci_low']:.3f}, {poi['ci_high']:.3f}]"
+    assert f"probability of improvement P(vcbm < rudder) = {interval}" in table
+    assert "90% [68%, 99%]" in table  # 18/20 converged, exact CI
+    assert "with the cap, a lower bound" in table and "IQM" in table
+    assert results["bootstrap"]["library"] == "scipy.stats.bootstrap"
+
+
+def test_an_env_without_the_convergence_criterion_is_refused_before_any_run(tmp_path, capsys):
+    """CartPole reports no first_decision_optimal: its runs train for their budget with null convergence
+    fields (issue16), which compare cannot turn into episodes to converge; one line, nothing run."""
+    argv = ["--env", "CartPole-v1", "--algos", "ppo", "--seeds", "2", "--max-episodes", "5", "--workers", "0",
+            "--out", str(tmp_path), "--no-progress"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "'CartPole-v1'" in err and "first_decision_optimal" in err
+    assert not (tmp_path / "ppo").exists() and not (tmp_path / "results.json").exists()
+
+
+def test_aggregate_refuses_summaries_with_null_convergence_fields(tmp_path):
+    """A summary of a run without the criterion (found in --out, say) fails with one line naming the env
+    and the key, not with float(None)."""
+    args = build_parser().parse_args(["--env", "CartPole-v1", "--algos", "ppo", "--seeds", "1", "--out", str(tmp_path)])
+    job = Job("ppo", 0, tmp_path / "ppo" / "seed0", (), None)
+    summary = {"converged": None, "episodes_to_converge": None, "episodes_run": 5, "final_correct_rate": None,
+               "mean_return_last_episodes": 21.0}  # fmt: skip
+    with pytest.raises(VcbmGymError, match=r"env 'CartPole-v1' reports no info\['first_decision_optimal'\].*ppo seed 0"):
+        aggregate(args, [job], {job: summary})

@@ -1,8 +1,8 @@
 """What every command-line tool shares: one `error:` line and exit code 2 for bad input, output
 paths checked before any work, atomic file writes, seed checks.
 
-`main(run, argv)` is the only place that turns exceptions into exit codes, so the four CLIs
-(train, compare, credit_fidelity, evaluate) cannot drift apart.
+`main(run, argv)` is the only place that turns exceptions into exit codes, so the CLIs
+(train, compare, plot, tune, credit_fidelity, evaluate) cannot drift apart.
 """
 
 from __future__ import annotations

@@ -12,8 +12,44 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from algorithms.common.errors import VcbmGymError
 from algorithms.common.validation import AT_LEAST_ONE, UNIT_POSITIVE, Validated
 from vcbm_gym.contract import CONTRACT, ContractError, check_value
+
+CRITERION_KEY = "first_decision_optimal"
+PROBE_MAX_STEPS = 100_000  # a probe episode longer than this decides nothing
+
+
+def no_criterion_error(env_id: str, where: str, needs: str) -> VcbmGymError:
+    """One line: the env reports no `first_decision_optimal`, which `needs` (what the tool measures) is made of."""
+    return VcbmGymError(
+        f"env {env_id!r} reports no info[{CRITERION_KEY!r}] ({where}): {needs}, which needs it; "
+        "expected an env with the convergence criterion (e.g. WatchRepair-v0)"
+    )
+
+
+def reports_criterion(env_id: str, env_kwargs: Mapping[str, Any], max_steps: int = PROBE_MAX_STEPS) -> bool | None:
+    """Whether one random episode of the env (seed 0) ends with `first_decision_optimal` in its info, as a run's
+    first episode settles it (EpisodeOutcomes); None if the episode did not end within `max_steps`."""
+    from algorithms.common.config import make_env
+
+    env = make_env(env_id, env_kwargs, disable_env_checker=True)
+    try:
+        env.action_space.seed(0)
+        env.reset(seed=0)
+        for _ in range(max_steps):
+            _, _, terminated, truncated, info = env.step(env.action_space.sample())
+            if terminated or truncated:
+                return CRITERION_KEY in info
+        return None
+    finally:
+        env.close()
+
+
+def require_criterion(env_id: str, env_kwargs: Mapping[str, Any], needs: str) -> None:
+    """Refuse (one line), before any run, an env whose random episode ends without `first_decision_optimal`."""
+    if reports_criterion(env_id, env_kwargs) is False:
+        raise no_criterion_error(env_id, "at the end of a random episode", needs)
 
 
 @dataclass
@@ -110,6 +146,14 @@ class EpisodeOutcomes:
             out["correct_moving_average"] = self.tracker.rate
         if self.successes:
             out["success_rate"] = sum(self.successes) / len(self.successes)
+        return out
+
+    def progress(self, episode_return: float) -> dict[str, float]:
+        """What RunContext.report gets after an episode: its return, and the correct-decision moving average
+        as `correct_rate` when the env reports `first_decision_optimal` (tune prunes on it; plot draws it)."""
+        out = {"return": float(episode_return)}
+        if self.has_criterion:
+            out["correct_rate"] = self.tracker.rate
         return out
 
     def summary(self) -> dict[str, Any]:

@@ -281,6 +281,10 @@ def run(ctx: RunContext) -> dict[str, Any]:
         model=model, args=cfg, train_dataset=dataset, processing_class=tokenizer, env_id=ctx.env_id,
         env_kwargs=run_cfg.env_kwargs, peft_config=peft_config, writer=writer,
     )
+    if ctx.report is not None:
+        from algorithms.llm.report import ReportIterations
+
+        trainer.add_callback(ReportIterations(trainer, ctx.report))
     initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     resume = getattr(ctx.args, "resume", False)
     checkpoint = latest_complete_checkpoint(ckpt_dir) if resume and ckpt_dir.is_dir() else None

@@ -19,6 +19,7 @@ groups episodes that start from the same observation (on WatchRepair: the same b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,7 +51,7 @@ def group_ids_for(first_observations: np.ndarray, group_by: str) -> np.ndarray:
     raise ValueError(f"group_by={group_by!r}: expected one of {', '.join(GROUP_BY)}")
 
 
-def episode_batch(episodes, rewards, observations, actions, values=None, advantages=None, group_by: str = "none") -> EpisodeBatch:
+def rollout_episode_batch(episodes, rewards, observations, actions, values=None, advantages=None, group_by: str = "none") -> EpisodeBatch:
     """Pad the complete episodes of an (n_steps, n_envs, ...) rollout to an EpisodeBatch;
     `values` (n_steps, n_envs), the critic's V(s_t), gives extras["baseline"] = V(s_0) per episode,
     `advantages` (SB3's GAE) gives extras["advantages"] (B, T)."""
@@ -111,7 +112,7 @@ class CreditCallback(BaseCallback):
         self.logger.record("credit/rewritten_step_fraction", rewritten / buf.rewards.size)
         if not episodes:
             return
-        batch = episode_batch(episodes, buf.rewards, buf.observations, buf.actions, buf.values, buf.advantages, self.group_by)
+        batch = rollout_episode_batch(episodes, buf.rewards, buf.observations, buf.actions, buf.values, buf.advantages, self.group_by)
         self.rule.observe(batch)
         advantages = self.rule.advantages(batch)
         returns = discounted_returns_to_go(batch.rewards, batch.mask, buf.gamma)
@@ -128,9 +129,16 @@ class ConvergenceCallback(BaseCallback):
     (evaluation only), else just the return and success rate. Stop at convergence (if asked) or
     once `max_episodes` have ended."""
 
-    def __init__(self, outcomes: EpisodeOutcomes, max_episodes: int, stop_at_convergence: bool = True) -> None:
+    def __init__(
+        self,
+        outcomes: EpisodeOutcomes,
+        max_episodes: int,
+        stop_at_convergence: bool = True,
+        report: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> None:
         super().__init__()
         self.outcomes, self.max_episodes, self.stop_at_convergence = outcomes, max_episodes, stop_at_convergence
+        self.report = report  # RunContext.report: (episodes, EpisodeOutcomes.progress) after every episode
         self._returns: np.ndarray | None = None
 
     def _on_step(self) -> bool:
@@ -147,6 +155,8 @@ class ConvergenceCallback(BaseCallback):
                 if key != "success_rate":  # SB3 logs rollout/success_rate itself from `is_success`
                     self.logger.record(f"rollout/{key}", value)
             self.logger.record("rollout/episodes", self.outcomes.episodes)
+            if self.report is not None:
+                self.report(self.outcomes.episodes, self.outcomes.progress(episode_return))
             if just_converged and self.stop_at_convergence:
                 return False
         return self.outcomes.episodes < self.max_episodes

@@ -76,6 +76,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 obs = next_obs
             scalars = agent.end_episode()
             just_converged = outcomes.update(info, episode_return)
+            if ctx.report is not None:
+                ctx.report(episode, outcomes.progress(episode_return))
             if episode % run_cfg.log_interval == 0 or just_converged:
                 moving = {f"train/{k}": v for k, v in outcomes.scalars().items() if k != "mean_return"}
                 writer.add_scalars(episode, {**moving, "train/episode_return": episode_return, **scalars})

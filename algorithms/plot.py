@@ -1,0 +1,263 @@
+"""`python -m algorithms.plot RUN_DIRS... --metric TAG --out FILE.png`: learning curves across seeds, per method.
+
+Reads the TensorBoard event files of every run found under RUN_DIRS (a run is a directory holding the
+config.yml that `algorithms.train` writes; each given directory may be a run or hold runs at any depth:
+a `compare --out`, a `tune --out`, a benchmark's output) with TensorBoard's own `EventAccumulator`, groups
+the runs by method (the algo in config.yml, `ALGO+RULE` for an SB3 run with a credit rule; or, with
+`--group-by parent`, the name of the run's parent directory) and draws per method the mean across seeds and
+its 95% bootstrap CI (percentile, seeds resampled, scipy.stats.bootstrap) as a band. Writes FILE.png,
+FILE.svg and FILE.json (the curves drawn, the runs and the settings they came from).
+
+`--metric` is a TensorBoard scalar tag, or one of the names that mean the same thing in every arm:
+`correct` (tabular: train/correct_moving_average, SB3: rollout/correct_moving_average, LLM:
+loop/task_goal_completion) and `return` (train/episode_return, rollout/ep_rew_mean, loop/mean_return).
+The x axis is episodes for the tabular and SB3 arms (SB3 logs against timesteps; its `rollout/episodes`
+scalar, logged at the same steps, gives the episode count) and iterations for the LLM arm.
+
+Runs end at different points (a tabular or SB3 run stops when it converges): each run is read as a step
+function of its logged values, and after its last logged point it holds its last value (a converged run
+holds the rate at which it converged), so that every seed counts at every point of the x axis.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from algorithms.common import cli
+from algorithms.common.errors import VcbmGymError
+
+ALIASES = {
+    "correct": {"tabular": "train/correct_moving_average", "sb3": "rollout/correct_moving_average",
+                "llm": "loop/task_goal_completion"},
+    "return": {"tabular": "train/episode_return", "sb3": "rollout/ep_rew_mean", "llm": "loop/mean_return"},
+}
+ARMS = {"algorithms.tabular.runner": "tabular", "algorithms.sb3.runner": "sb3", "algorithms.llm.runner": "llm"}
+X_LABELS = {"tabular": "episodes", "sb3": "episodes", "llm": "iterations", None: "step"}
+SB3_EPISODES_TAG = "rollout/episodes"
+GROUP_BY = ("algo", "parent")
+DEFAULT_POINTS = 200
+
+
+def find_runs(paths: Sequence[str | Path]) -> list[Path]:
+    """Every run directory (one holding config.yml) at or under each path, in a stable order."""
+    runs: list[Path] = []
+    for given in paths:
+        path = Path(given)
+        if not path.is_dir():
+            raise VcbmGymError(f"run dir {str(path)!r} {'is not a directory' if path.exists() else 'does not exist'}: "
+                               "expected a run's log dir or a directory holding runs")
+        found = sorted({p.parent for p in path.rglob("config.yml")} | ({path} if (path / "config.yml").is_file() else set()))
+        # a run's own subdirectories (checkpoints, SB3's event dirs) are part of it, not runs of their own
+        found = [p for p in found if not any(q != p and q in p.parents for q in found)]
+        if not found:
+            raise VcbmGymError(f"run dir {str(path)!r} holds no run (no config.yml at any depth): expected log dirs "
+                               "written by algorithms.train, algorithms.compare or algorithms.tune")
+        runs.extend(p for p in found if p not in runs)
+    return runs
+
+
+def _record(run_dir: Path) -> dict[str, Any]:
+    from algorithms.train import read_record
+
+    record = read_record(run_dir)
+    if record is None:
+        raise VcbmGymError(f"{str(run_dir / 'config.yml')!r} is not the config.yml of a run: expected one written "
+                           "by algorithms.train")
+    return record
+
+
+def arm_of(record: dict[str, Any]) -> str | None:
+    from algorithms.registry import ALGOS
+
+    spec = ALGOS.get(str(record.get("algo")))
+    return ARMS.get(spec.runner) if spec is not None else None
+
+
+LLM_ZOO_CREDIT = {"loop": "loo", "vcbm-loop": "vcbm_blend"}  # the rule each LLM zoo entry names
+
+
+def method_label(run_dir: Path, record: dict[str, Any], group_by: str = "algo") -> str:
+    if group_by == "parent":
+        return run_dir.parent.name
+    credit = (record.get("hyperparams") or {}).get("credit")
+    arm = arm_of(record)
+    sb3_rule = arm == "sb3" and credit not in (None, "none")
+    llm_rule = arm == "llm" and credit not in (None, LLM_ZOO_CREDIT.get(str(record["algo"])))  # --credit over the zoo's
+    return f"{record['algo']}+{credit}" if sb3_rule or llm_rule else str(record["algo"])
+
+
+def read_scalars(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """tag -> (steps, values) over every event file of the run (all points: no reservoir sampling)."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    merged: dict[str, dict[int, float]] = {}
+    for path in sorted(run_dir.rglob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(path), size_guidance={SCALARS: 0})
+        accumulator.Reload()
+        for tag in accumulator.Tags()["scalars"]:
+            points = merged.setdefault(tag, {})
+            for event in accumulator.Scalars(tag):
+                points[int(event.step)] = float(event.value)  # a step logged twice (a restart) keeps the later value
+    return {tag: (np.array(sorted(p), dtype=float), np.array([p[k] for k in sorted(p)])) for tag, p in merged.items()}
+
+
+def run_curve(run_dir: Path, record: dict[str, Any], metric: str) -> tuple[np.ndarray, np.ndarray, str, str]:
+    """(x, y, the tag read, the x unit) of one run."""
+    arm = arm_of(record)
+    if metric in ALIASES:
+        if arm is None:
+            raise VcbmGymError(f"--metric {metric!r}: run {str(run_dir)!r} (algo {record.get('algo')!r}) is of no known "
+                               f"arm; expected a TensorBoard tag instead")
+        tag = ALIASES[metric][arm]
+    else:
+        tag = metric
+    scalars = read_scalars(run_dir)
+    if tag not in scalars or not len(scalars[tag][0]):
+        known = ", ".join(sorted(scalars)) or "none"
+        raise VcbmGymError(f"--metric {metric!r}: run {str(run_dir)!r} logged no scalar {tag!r}; expected one of: {known}")
+    steps, values = scalars[tag]
+    if arm == "sb3":
+        if SB3_EPISODES_TAG not in scalars:
+            raise VcbmGymError(f"run {str(run_dir)!r} logged no {SB3_EPISODES_TAG!r}: expected an SB3 run of "
+                               "algorithms.train (its x axis is episodes)")
+        episode_steps, episodes = scalars[SB3_EPISODES_TAG]
+        steps = np.interp(steps, episode_steps, episodes)  # logged at the same steps: exact there
+    return steps, values, tag, X_LABELS[arm]
+
+
+def hold_on_grid(x: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """The step function of (x, y) at each grid point: the last value logged at or before it (the last value
+    after the run ended; the first before it began)."""
+    index = np.searchsorted(x, grid, side="right") - 1
+    return y[np.clip(index, 0, len(y) - 1)]
+
+
+def learning_curves(groups: dict[str, list[Path]], metric: str, points: int = DEFAULT_POINTS) -> dict[str, Any]:
+    """Per method: the grid, the mean across its runs and the 95% bootstrap CI of that mean."""
+    from algorithms.stats import bootstrap_description, mean_ci_curves
+
+    curves: dict[str, list[tuple[Path, np.ndarray, np.ndarray]]] = {}
+    tags: dict[str, set[str]] = {}
+    units: dict[str, set[str]] = {}
+    for label, run_dirs in groups.items():
+        for run_dir in run_dirs:
+            x, y, tag, unit = run_curve(Path(run_dir), _record(Path(run_dir)), metric)
+            curves.setdefault(label, []).append((Path(run_dir), x, y))
+            tags.setdefault(label, set()).add(tag)
+            units.setdefault(unit, set()).add(label)
+    if len(units) > 1:
+        mixed = "; ".join(f"{unit} for {', '.join(sorted(labels))}" for unit, labels in units.items())
+        raise VcbmGymError(f"the runs' x axes differ ({mixed}): expected runs of one arm in one figure")
+    start = max(float(x[0]) for runs in curves.values() for _, x, _ in runs)
+    end = max(float(x[-1]) for runs in curves.values() for _, x, _ in runs)
+    grid = np.linspace(start, end, points) if end > start else np.array([start])
+    out: dict[str, Any] = {
+        "metric": metric,
+        "x_label": next(iter(units)),
+        "after_end": "a run holds its last logged value after it ended (converged runs stop early)",
+        "bootstrap": {**bootstrap_description(), "n_resamples": 2_000, "statistic": "mean across runs at each point"},
+        "methods": {},
+    }
+    for label, runs in curves.items():
+        values = np.stack([hold_on_grid(x, y, grid) for _, x, y in runs])
+        mean, low, high = mean_ci_curves(values)
+        out["methods"][label] = {
+            "tags": sorted(tags[label]),
+            "runs": [str(p) for p, _, _ in runs],
+            "ended_at": [float(x[-1]) for _, x, _ in runs],
+            "x": grid.tolist(),
+            "mean": mean.tolist(),
+            "ci_low": low.tolist(),
+            "ci_high": high.tolist(),
+        }
+    return out
+
+
+def _save(fig: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=150, bbox_inches="tight")
+    os.replace(tmp, path)
+
+
+def draw(data: dict[str, Any], png: Path, title: str | None = None) -> None:
+    """Mean line and CI band per method; writes png and the same figure as .svg beside it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for i, (label, m) in enumerate(data["methods"].items()):
+        color = f"C{i}"
+        n = len(m["runs"])
+        ax.plot(m["x"], m["mean"], color=color, label=f"{label} ({n} run{'s' if n != 1 else ''})")
+        if n > 1:
+            ax.fill_between(m["x"], m["ci_low"], m["ci_high"], color=color, alpha=0.2, linewidth=0)
+    tags = sorted({t for m in data["methods"].values() for t in m["tags"]})
+    ax.set_xlabel(data["x_label"])
+    ax.set_ylabel(data["metric"] if data["metric"] not in ALIASES else f"{data['metric']} ({', '.join(tags)})")
+    ax.set_title(title or f"{data['metric']}: mean and 95% bootstrap CI across runs")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.text(0.01, -0.02, "Band: 95% percentile-bootstrap CI of the mean over runs. A run that ended early "
+             "(e.g. converged) holds its last value.", fontsize=7, ha="left", va="top")
+    fig.tight_layout()
+    _save(fig, png)
+    _save(fig, png.with_suffix(".svg"))
+    plt.close(fig)
+
+
+def plot_learning_curves(groups: dict[str, list[Path]], metric: str, png: str | Path, title: str | None = None,
+                         points: int = DEFAULT_POINTS, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Compute, draw and write PNG + SVG + JSON (the curves and `settings`) for runs already grouped by method."""
+    png = Path(png)
+    data = learning_curves(groups, metric, points)
+    draw(data, png, title)
+    cli.atomic_write_json(png.with_suffix(".json"), {"settings": settings or {}, **data})
+    return data
+
+
+def build_parser() -> cli.ArgumentParser:
+    parser = cli.ArgumentParser(prog="python -m algorithms.plot", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run log dirs, or directories holding runs")
+    parser.add_argument("--metric", default="correct", help=f"a TensorBoard tag, or one of: {', '.join(ALIASES)}")
+    parser.add_argument("--out", default="curves.png", help="the PNG to write (.svg and .json are written beside it)")
+    parser.add_argument("--group-by", default="algo", help=f"one of: {', '.join(GROUP_BY)} (method label of a run)")
+    parser.add_argument("--points", type=int, default=DEFAULT_POINTS, help="points on the x axis")
+    parser.add_argument("--title", default=None)
+    return parser
+
+
+def run(argv: Sequence[str]) -> dict[str, Any]:
+    args = build_parser().parse_args(list(argv))
+    if args.group_by not in GROUP_BY:
+        raise VcbmGymError(f"--group-by {args.group_by!r}: expected one of {', '.join(GROUP_BY)}")
+    cli.check_int(args.points, "--points", 2, 100_000)
+    out = Path(args.out)
+    if out.suffix.lower() != ".png":
+        raise VcbmGymError(f"--out {args.out!r}: expected a file name ending in .png (the .svg and .json go beside it)")
+    cli.output_dir(out.parent if str(out.parent) else ".", "--out's directory")
+    groups: dict[str, list[Path]] = {}
+    for run_dir in find_runs(args.run_dirs):
+        groups.setdefault(method_label(run_dir, _record(run_dir), args.group_by), []).append(run_dir)
+    settings = {"command": ["python", "-m", "algorithms.plot", *argv], "run_dirs": list(args.run_dirs),
+                "metric": args.metric, "group_by": args.group_by, "points": args.points}
+    data = plot_learning_curves(groups, args.metric, out, args.title, args.points, settings)
+    for label, m in data["methods"].items():
+        print(f"{label}: {len(m['runs'])} run(s), {', '.join(m['tags'])}; final mean {m['mean'][-1]:.4g} "
+              f"[{m['ci_low'][-1]:.4g}, {m['ci_high'][-1]:.4g}] at {data['x_label']} {m['x'][-1]:,.0f}")
+    print(f"wrote {out}, {out.with_suffix('.svg')}, {out.with_suffix('.json')}")
+    return data
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.main(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Regenerate benchmarks/RESULTS.md from the benchmarks' JSON outputs under benchmarks/results/ (nothing typed by hand).
+
+    python benchmarks/make_results.py            # reads benchmarks/results/*, writes benchmarks/RESULTS.md
+
+Sections (each from its own directory; a missing one is listed as not yet produced, with the command that makes it):
+- table2/          `algorithms.compare` results.json + run.json: Table II, VCBM vs RUDDER on WatchRepair-v0, 20 seeds
+                   (benchmarks/compare_watch_repair.sh)
+- sb3_credit/      the same files for SB3 PPO with and without credit rules (benchmarks/sb3_credit.sh)
+- llm_learning/    benchmarks/llm_learning.py's results.json (its own table function renders it)
+- credit_fidelity/ `algorithms.credit_fidelity` fidelity.json (+ training.json) + run.json: CASI fidelity
+Each section states the command, the git commit and the wall time that its outputs record, and says "not recorded"
+where an output does not record one. The tables are rendered by the same functions that wrote the outputs' own
+tables (compare.table_markdown, credit_fidelity.fidelity_markdown / training_markdown, llm_learning.table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from algorithms.common import cli  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+NOT_RECORDED = "not recorded"
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    return cli.read_json_object(path, "benchmark output") if path.is_file() else None
+
+
+def _commit(record: dict[str, Any] | None) -> str:
+    if not record or not record.get("git_commit"):
+        return NOT_RECORDED
+    return f"`{record['git_commit'][:12]}`" + (" (with uncommitted changes)" if record.get("git_dirty") else "")
+
+
+def _seconds(value: Any) -> str:
+    if value is None:
+        return NOT_RECORDED
+    value = float(value)
+    return f"{value:,.1f} s" if value < 120 else f"{value:,.0f} s ({value / 60:,.1f} min)"
+
+
+def provenance(record: dict[str, Any] | None, wall_time_s: Any = None, extra: list[tuple[str, str]] | None = None) -> str:
+    """The command / commit / wall-time table of one section."""
+    wall = record.get("wall_time_s") if record else wall_time_s
+    rows = [("command", f"`{record['command']}`" if record and record.get("command") else NOT_RECORDED),
+            ("commit", _commit(record)),
+            ("wall time", _seconds(wall)),
+            *(extra or [])]
+    return "\n".join(["| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows]]) + "\n"
+
+
+def compare_section(title: str, directory: Path, how: str) -> str:
+    from algorithms.compare import table_markdown
+
+    results, record = _read(directory / "results.json"), _read(directory / "run.json")
+    if results is None:
+        return f"## {title}\n\nNot produced yet: run `{how}`.\n"
+    extra = []
+    if record:
+        extra = [("runs", f"{record['runs']} ({record['runs_reused']} reused from an earlier invocation, "
+                          f"{record['runs_run']} run by this one; backend {record['backend']})"),
+                 ("run time summed over runs", _seconds(record.get("run_time_s_sum")))]
+    figures = [name for name in ("figure.png", "curves.png") if (directory / name).is_file()]
+    links = " ".join(f"![{name}](results/{directory.name}/{name})" for name in figures)
+    return f"## {title}\n\n{provenance(record, extra=extra)}\n{table_markdown(results)}\n{links}\n"
+
+
+def llm_section(directory: Path) -> str:
+    results, record = _read(directory / "results.json"), _read(directory / "run.json")
+    title = "LLM learning benchmark (loop, vcbm-loop, trl-grpo on the embedded text envs)"
+    if results is None:
+        return f"## {title}\n\nNot produced yet: run `python benchmarks/llm_learning.py`.\n"
+    spec = importlib.util.spec_from_file_location("llm_learning", REPO / "benchmarks" / "llm_learning.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    wall = results.get("wall_time_s")
+    try:
+        table = module.table(results["settings"], results["window"], wall if wall is not None else float("nan"))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # the benchmark changed its format
+        own = directory / "results.md"
+        if not own.is_file():
+            raise
+        table = (f"(The benchmark's table function does not read this results.json ({type(exc).__name__}: {exc}); "
+                 "its own results.md, written with it, follows.)\n\n" + own.read_text())
+    note = ("" if record else "\nThe benchmark's results.json records its wall time (of its last invocation: runs it "
+            "reused are not counted) but not its command or commit.\n")
+    curves = f"\n![curves](results/{directory.name}/curves.png)\n" if (directory / "curves.png").is_file() else ""
+    return (f"## {title}\n\n{provenance(record, wall, [('seeds', str(results.get('seeds', NOT_RECORDED)))])}{note}\n"
+            f"{table}{curves}")
+
+
+def fidelity_section(directory: Path) -> str:
+    from algorithms.credit_fidelity import fidelity_markdown, training_markdown
+
+    fidelity, record = _read(directory / "fidelity.json"), _read(directory / "run.json")
+    title = "CASI credit fidelity (SetRetrieval-v0)"
+    if fidelity is None:
+        return (f"## {title}\n\nNot produced yet: run `python -m algorithms.credit_fidelity --env SetRetrieval-v0 "
+                "--requests 1000 --train --out benchmarks/results/credit_fidelity`.\n")
+    training = _read(directory / "training.json")
+    body = fidelity_markdown(fidelity) + ("\n" + training_markdown(training) if training else "")
+    return f"## {title}\n\n{provenance(record)}\n{body}"
+
+
+def render(results_dir: Path) -> str:
+    sections = [
+        compare_section("Table II: VCBM vs RUDDER on WatchRepair-v0", results_dir / "table2",
+                        "bash benchmarks/compare_watch_repair.sh"),
+        compare_section("SB3 PPO with credit rules on WatchRepair-v0", results_dir / "sb3_credit",
+                        "bash benchmarks/sb3_credit.sh"),
+        llm_section(results_dir / "llm_learning"),
+        fidelity_section(results_dir / "credit_fidelity"),
+    ]
+    header = ("# Published results\n\nGenerated by `python benchmarks/make_results.py` from the JSON outputs under "
+              "`benchmarks/results/`; do not edit by hand. Each section gives the command, the commit and the wall time "
+              "that its outputs record.\n")
+    return header + "\n" + "\n".join(sections)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default=str(RESULTS), help="directory of the benchmarks' outputs")
+    parser.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS.md"))
+    args = parser.parse_args(argv)
+    text = render(Path(args.results))
+    cli.atomic_write_text(args.out, text)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

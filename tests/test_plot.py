@@ -1,0 +1,100 @@
+"""`algorithms.plot`: learning curves across seeds from TensorBoard logs, for the tabular, SB3 and LLM arms."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from algorithms.common.errors import VcbmGymError
+from algorithms.common.scalar_writer import ScalarWriter
+from algorithms.plot import find_runs, hold_on_grid, learning_curves
+from algorithms.plot import run as plot
+
+
+def _run_dir(path, algo, scalars, hyperparams=None):
+    """A log dir as algorithms.train leaves it: config.yml plus TensorBoard scalars {step: {tag: value}}."""
+    path.mkdir(parents=True)
+    record = {"algo": algo, "env": "WatchRepair-v0", "seed": 0, "hyperparams": hyperparams or {}, "config_hash": "x"}
+    (path / "config.yml").write_text(yaml.safe_dump(record))
+    writer = ScalarWriter(path / "sub" if algo in ("ppo", "a2c", "dqn") else path)  # SB3 logs into a subdirectory
+    for step, values in scalars.items():
+        writer.add_scalars(step, values)
+    writer.close()
+    return path
+
+
+def test_hold_on_grid_is_the_last_value_logged_at_or_before_each_point():
+    x, y = np.array([1.0, 3.0, 4.0]), np.array([10.0, 30.0, 40.0])
+    np.testing.assert_array_equal(hold_on_grid(x, y, np.array([1, 2, 3, 3.5, 4, 9])), [10, 10, 30, 30, 40, 40])
+
+
+def test_mean_and_band_across_seeds_with_runs_that_stop_early(tmp_path):
+    tag = "train/correct_moving_average"
+    # seed 0 converges and stops at episode 2; seed 1 runs to episode 4
+    _run_dir(tmp_path / "cmp" / "vcbm" / "seed0", "vcbm", {1: {tag: 0.5}, 2: {tag: 0.96}})
+    _run_dir(tmp_path / "cmp" / "vcbm" / "seed1", "vcbm", {1: {tag: 0.1}, 2: {tag: 0.3}, 3: {tag: 0.5}, 4: {tag: 0.97}})
+    _run_dir(tmp_path / "cmp" / "mc" / "seed0", "mc", {1: {tag: 0.2}, 4: {tag: 0.4}})
+    runs = find_runs([tmp_path / "cmp"])
+    assert len(runs) == 3
+    data = learning_curves({"vcbm": runs[1:], "mc": runs[:1]}, "correct", points=4)
+    vcbm = data["methods"]["vcbm"]
+    assert vcbm["x"] == [1.0, 2.0, 3.0, 4.0] and data["x_label"] == "episodes"
+    # the stopped seed holds 0.96 after episode 2
+    np.testing.assert_allclose(vcbm["mean"], [(0.5 + 0.1) / 2, (0.96 + 0.3) / 2, (0.96 + 0.5) / 2, (0.96 + 0.97) / 2])
+    # two seeds: every bootstrap resample is one of {a, a}, {a, b}, {b, b}: the 95% band spans both seeds
+    np.testing.assert_allclose(vcbm["ci_low"], [0.1, 0.3, 0.5, 0.96])
+    np.testing.assert_allclose(vcbm["ci_high"], [0.5, 0.96, 0.96, 0.97])
+    np.testing.assert_allclose(data["methods"]["mc"]["mean"], [0.2, 0.2, 0.2, 0.4])
+
+
+def test_cli_draws_png_and_svg_for_sb3_and_llm_runs(tmp_path, capsys):
+    # SB3 logs against timesteps; rollout/episodes at the same steps gives the x axis in episodes
+    for seed, rate in enumerate((0.4, 0.6)):
+        _run_dir(tmp_path / "sb3" / f"seed{seed}", "ppo",
+                 {3200: {"rollout/correct_moving_average": rate, "rollout/episodes": 64},
+                  6400: {"rollout/correct_moving_average": rate + 0.2, "rollout/episodes": 128}},
+                 hyperparams={"credit": "vcbm_bookmark"})
+    out = tmp_path / "figs" / "sb3.png"
+    data = plot([str(tmp_path / "sb3"), "--out", str(out), "--points", "2"])
+    assert out.stat().st_size > 0 and out.with_suffix(".svg").read_text().startswith("<?xml")
+    saved = json.loads(out.with_suffix(".json").read_text())
+    assert saved["settings"]["metric"] == "correct" and saved["methods"] == json.loads(json.dumps(data["methods"]))
+    m = data["methods"]["ppo+vcbm_bookmark"]
+    assert m["x"] == [64.0, 128.0] and m["mean"] == pytest.approx([0.5, 0.7]) and m["tags"] == ["rollout/correct_moving_average"]
+    assert "ppo+vcbm_bookmark: 2 run(s)" in capsys.readouterr().out
+
+    for algo in ("loop", "vcbm-loop"):
+        _run_dir(tmp_path / "llm" / algo / "seed0", algo, {i: {"loop/task_goal_completion": i / 10, "loop/mean_return": i}
+                                                           for i in range(1, 6)})
+    data = plot([str(tmp_path / "llm"), "--metric", "return", "--out", str(tmp_path / "llm.png"), "--group-by", "parent"])
+    assert set(data["methods"]) == {"loop", "vcbm-loop"} and data["x_label"] == "iterations"
+    assert data["methods"]["loop"]["mean"][-1] == 5
+
+
+def test_bad_input_is_one_clear_error(tmp_path):
+    _run_dir(tmp_path / "tab" / "seed0", "vcbm", {1: {"train/correct_moving_average": 0.5}})
+    _run_dir(tmp_path / "llm" / "seed0", "loop", {1: {"loop/task_goal_completion": 0.5}})
+    with pytest.raises(VcbmGymError, match="logged no scalar 'nope'; expected one of: train/correct_moving_average"):
+        plot([str(tmp_path / "tab"), "--metric", "nope", "--out", str(tmp_path / "a.png")])
+    with pytest.raises(VcbmGymError, match="x axes differ .*episodes for vcbm.*iterations for loop"):
+        plot([str(tmp_path / "tab"), str(tmp_path / "llm"), "--out", str(tmp_path / "a.png")])
+    with pytest.raises(VcbmGymError, match="does not exist"):
+        plot([str(tmp_path / "missing"), "--out", str(tmp_path / "a.png")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(VcbmGymError, match="holds no run"):
+        plot([str(tmp_path / "tab"), str(tmp_path / "empty"), "--out", str(tmp_path / "a.png")])
+    with pytest.raises(VcbmGymError, match="expected a file name ending in .png"):
+        plot([str(tmp_path / "tab"), "--out", str(tmp_path / "a.pdf")])
+
+
+def test_llm_runs_with_another_credit_rule_than_their_zoo_entry_are_their_own_method(tmp_path):
+    from algorithms.plot import method_label
+
+    def label(algo, credit):
+        return method_label(tmp_path, {"algo": algo, "hyperparams": {"credit": credit}})
+
+    assert label("loop", "loo") == "loop" and label("vcbm-loop", "vcbm_blend") == "vcbm-loop"
+    assert label("loop", "gigpo") == "loop+gigpo" and label("ppo", "loo") == "ppo+loo"

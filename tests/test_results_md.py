@@ -1,0 +1,39 @@
+"""benchmarks/RESULTS.md is generated from the benchmarks' JSON outputs, each with its command, commit and wall time."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+from algorithms.credit_fidelity import run as credit_fidelity
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("make_results", REPO / "benchmarks" / "make_results.py")
+make_results = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(make_results)
+
+
+def test_results_md_is_what_the_generator_makes_of_the_committed_outputs():
+    # after new outputs land in benchmarks/results/, regenerate: python benchmarks/make_results.py
+    assert (REPO / "benchmarks" / "RESULTS.md").read_text() == make_results.render(REPO / "benchmarks" / "results")
+
+
+def test_every_section_says_what_its_outputs_record(tmp_path):
+    results = tmp_path / "results"
+    credit_fidelity(["--env", "SetRetrieval-v0", "--requests", "10", "--out", str(results / "credit_fidelity")])
+    record = json.loads((results / "credit_fidelity" / "run.json").read_text())
+    expected = f"python -m algorithms.credit_fidelity --env SetRetrieval-v0 --requests 10 --out {results}/credit_fidelity"
+    assert record["command"] == expected
+    assert record["wall_time_s"] > 0 and "git_commit" in record
+    # an LLM benchmark output that records its wall time but neither command nor commit
+    shutil.copytree(REPO / "benchmarks" / "results" / "llm_learning", results / "llm_learning")
+    text = make_results.render(results)
+    fidelity = text[text.index("## CASI credit fidelity"):]
+    assert f"| command | `{record['command']}` |" in fidelity and "| Rule | Sign all |" in fidelity
+    llm = text[text.index("## LLM learning"):text.index("## CASI")]
+    assert "| command | not recorded |" in llm and "| commit | not recorded |" in llm
+    wall = json.loads((results / "llm_learning" / "results.json").read_text())["wall_time_s"]
+    assert f"| wall time | {make_results._seconds(wall)} |" in llm and "| setting | noise | method |" in llm
+    assert "Not produced yet: run `bash benchmarks/compare_watch_repair.sh`" in text  # no table2/ here

@@ -1,0 +1,196 @@
+"""`algorithms.tune`: search spaces, pruning, a journal-file study shared by processes, every arm."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from algorithms.common.config import parse_overrides
+from algorithms.common.errors import ConfigError, VcbmGymError
+from algorithms.train import run as train
+from algorithms.tune import (
+    DISCOUNTED,
+    Objective,
+    Reporter,
+    apply_params,
+    build_parser,
+    open_study,
+    overrides_argv,
+    parse_search_space,
+    resolve_settings,
+    worker_loop,
+)
+from algorithms.tune import run as tune
+
+REPO = Path(__file__).resolve().parents[1]
+FAST_VCBM = ["--algo", "vcbm", "--env", "WatchRepair-v0", "--seeds-per-trial", "1", "--max-episodes", "1500"]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({}, "non-empty mapping"),
+    ({"z_thresh": {"type": "uniform", "low": 1, "high": 2}}, "type one of float, int, categorical"),
+    ({"z_thresh": {"type": "float", "low": 2, "high": 1}}, "expected low < high"),
+    ({"z_thresh": {"type": "float", "low": 0, "high": 1, "log": True}}, "low > 0 with log"),
+    ({"z_thresh": {"type": "float", "low": 0, "high": float("nan")}}, "finite numbers"),
+    ({"forced_visits": {"type": "int", "low": 1.5, "high": 4}}, "expected integers"),
+    ({"forced_visits": {"type": "int", "low": 1, "high": 4, "stride": 2}}, "unknown key"),
+    ({"vcbm_few_bookmarks": {"type": "categorical", "choices": []}}, "non-empty list of scalars"),
+    ({"max_episodes": {"type": "int", "low": 1, "high": 4}}, "other than max_episodes"),
+])
+def test_search_space_mistakes_are_one_clear_error(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_search_space(spec, "test")
+
+
+def test_a_dotted_name_changes_one_key_of_the_zoo_mapping():
+    base = {"credit_kwargs": {"broadcast": {"baseline": "given"}, "vcbm_bookmark": {"advantage": "return", "alpha": 0.05}}}
+    changed = apply_params(base, {"credit_kwargs.vcbm_bookmark.alpha": 0.2, "learning_rate": 1e-3})
+    rule = {"advantage": "return", "alpha": 0.2}
+    assert changed == {"credit_kwargs": {"broadcast": {"baseline": "given"}, "vcbm_bookmark": rule},
+                       "learning_rate": 1e-3}
+    assert base["credit_kwargs"]["vcbm_bookmark"]["alpha"] == 0.05  # the base is not modified
+    assert parse_overrides(overrides_argv(changed)) == changed  # through --hyperparams and back
+
+
+def test_the_search_space_is_checked_against_the_runner_before_any_trial(tmp_path):
+    space = tmp_path / "space.yml"
+    space.write_text(yaml.safe_dump({"vcbm": {"epsilon_start": {"type": "float", "low": 0.1, "high": 1.5}}}))
+    args = build_parser().parse_args([*FAST_VCBM, "--trials", "1", "--search-space", str(space), "--out", str(tmp_path)])
+    with pytest.raises(VcbmGymError, match="search space of 'vcbm' on WatchRepair-v0: .*epsilon_start"):
+        resolve_settings(args)
+    args = build_parser().parse_args([*FAST_VCBM, "--trials", "1", "--search-space", str(space), "--algo", "rudder"])
+    with pytest.raises(ConfigError, match="has no entry for algo 'rudder'"):
+        resolve_settings(args)
+
+
+def test_a_trial_worse_than_the_median_is_pruned_and_a_converged_first_seed_holds_its_rate():
+    study = optuna.create_study(direction="minimize", pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
+    objective = Objective("minimize", "episodes", "incorrect rate")
+    done = study.ask()
+    fast = Reporter(done, objective, every=100)
+    fast(100, {"correct_rate": 0.5})
+    fast(150, {"correct_rate": 0.9})  # not a multiple of --report-every: not reported
+    fast(200, {"correct_rate": 0.9})
+    fast(234, {"correct_rate": 0.96})  # then it converged and stopped: its final rate holds from step 300 on
+    fast.hold(budget=450)
+    assert study.trials[0].intermediate_values == {100: 0.5, 200: pytest.approx(0.1), 300: pytest.approx(0.04),
+                                                   400: pytest.approx(0.04)}
+    study.tell(done, 200.0)
+    Reporter(study.ask(), objective, every=100)(100, {"correct_rate": 0.55})  # 0.45 < the median 0.5: goes on
+    with pytest.raises(optuna.TrialPruned, match="pruned at step 300 of the first seed"):
+        # only the held value of the converged trial is there to compare with at step 300
+        Reporter(study.ask(), objective, every=100)(300, {"correct_rate": 0.7})  # 0.3 > 0.04
+    assert objective.intermediate_value({"correct_rate": 0.25}) == 0.75
+    assert Objective("maximize", "tgc", "tgc").intermediate_value({"correct_rate": 0.25}) == 0.25
+
+
+def test_two_processes_share_one_journal_and_stop_at_the_study_total(tmp_path):
+    journal = tmp_path / "shared" / "study.journal"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    commands = [[sys.executable, "-m", "algorithms.tune", *FAST_VCBM, "--trials", "3", "--storage", str(journal),
+                 "--out", str(tmp_path / f"out{k}"), "--sampler-seed", str(k)] for k in (0, 1)]
+    processes = [subprocess.Popen(c, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for c in commands]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    for process, (_, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, stderr
+    settings, _ = resolve_settings(build_parser().parse_args([*FAST_VCBM, "--trials", "3", "--storage", str(journal)]))
+    study = open_study(settings)
+    assert sorted(t.number for t in study.trials) == [0, 1, 2]  # exactly --trials, whoever ran them
+    assert all(t.state == optuna.trial.TrialState.COMPLETE for t in study.trials)
+    owners = {t.user_attrs["owner"] for t in study.trials}
+    assert owners <= {f"{os.uname().nodename}:{p.pid}" for p in processes}
+    ran = [json.loads((tmp_path / f"out{k}" / "run.json").read_text())["trials_run_here"] for k in (0, 1)]
+    assert sum(ran) == 3
+    for k in (0, 1):
+        assert (tmp_path / f"out{k}" / "study_history.png").stat().st_size > 0
+    # the process that finished last saw every trial complete: its snippet is the study's best
+    last = max((tmp_path / f"out{k}" / "best.yml" for k in (0, 1)), key=lambda p: p.stat().st_mtime_ns)
+    best = yaml.safe_load(last.read_text())["WatchRepair-v0"]
+    assert best == study.best_trial.params
+    # the snippet is a zoo entry that train accepts, and the trial's run used exactly those values
+    best_out = next(tmp_path / f"out{k}" for k in (0, 1) if (tmp_path / f"out{k}" / "vcbm-WatchRepair-v0" /
+                                                                f"trial{study.best_trial.number}").is_dir())
+    trial_dir = best_out / "vcbm-WatchRepair-v0" / f"trial{study.best_trial.number}"
+    used = yaml.safe_load((trial_dir / "seed0" / "config.yml").read_text())
+    assert {k: used["hyperparams"][k] for k in best} == best
+    summary = train(["--algo", "vcbm", "--config", str(last), "--max-episodes", "1500",
+                     "--log-dir", str(tmp_path / "rerun"), "--no-progress"])
+    assert summary["episodes_run"] == study.best_trial.value  # seed 0 again: the same run
+
+
+def test_a_trial_left_running_by_a_dead_process_is_not_counted(tmp_path):
+    args = build_parser().parse_args([*FAST_VCBM, "--max-episodes", "100", "--trials", "1", "--out", str(tmp_path)])
+    settings, _ = resolve_settings(args)
+    study = open_study(settings)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = study.ask()
+    orphan.set_user_attr("owner", f"{os.uname().nodename}:{int(dead.stdout)}")
+    assert worker_loop(settings, quiet=True) == 1  # the orphan is failed and discounted; one trial runs
+    study = open_study(settings)
+    assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"] and study.user_attrs[DISCOUNTED] == [0]
+    assert study.trials[1].value == 100  # 100 episodes cannot converge: the cap
+
+
+def test_sb3_trial_tunes_a_credit_rule_argument_inside_credit_kwargs(tmp_path):
+    space = tmp_path / "space.yml"
+    space.write_text(yaml.safe_dump({"ppo": {"credit_kwargs.vcbm_bookmark.alpha": {"type": "float", "low": 0.01, "high": 0.5,
+                                                                                    "log": True}}}))
+    result = tune(["--algo", "ppo", "--env", "WatchRepair-v0", "--trials", "1", "--seeds-per-trial", "1", "--max-episodes",
+                   "64", "--search-space", str(space), "--hyperparams", "credit=vcbm_bookmark", "n_envs=4", "batch_size=200",
+                   "--out",
+                   str(tmp_path / "out")])
+    assert result["states"]["COMPLETE"] == 1 and result["best_value"] == 64
+    used = yaml.safe_load((tmp_path / "out" / "ppo-WatchRepair-v0" / "trial0" / "seed0" / "config.yml").read_text())
+    rule = used["hyperparams"]["credit_kwargs"]["vcbm_bookmark"]
+    alpha = result["best_params"]["credit_kwargs.vcbm_bookmark.alpha"]
+    assert rule == {"advantage": "return", "baseline": "given", "alpha": alpha}
+    best = yaml.safe_load((tmp_path / "out" / "best.yml").read_text())["WatchRepair-v0"]
+    assert best["credit"] == "vcbm_bookmark" and best["credit_kwargs"]["vcbm_bookmark"] == rule
+    assert best["credit_kwargs"]["broadcast"] == {"baseline": "given"}  # the zoo's other rules are kept
+
+
+def test_llm_trial_tunes_the_vcbm_blend_on_the_text_env(tmp_path):
+    result = tune(["--algo", "vcbm-loop", "--env", "TextWatchRepair-v0", "--trials", "1", "--seeds-per-trial", "1",
+                   "--iterations", "2", "--final-window", "2", "--out", str(tmp_path),
+                   "--hyperparams", "model=tiny-random", "generation_batch_size=4", "num_generations=2",
+                   "per_device_train_batch_size=4", "env_kwargs={max_turns: 3}", "max_turns=3"])
+    assert result["states"]["COMPLETE"] == 1
+    assert set(result["best_params"]) == {f"credit_kwargs.vcbm_blend.{k}" for k in ("beta", "tau", "top_k", "alpha")}
+    run_dir = tmp_path / "vcbm-loop-TextWatchRepair-v0" / "trial0" / "seed0"
+    history = json.loads((run_dir / "history.json").read_text())
+    assert result["best_value"] == pytest.approx(sum(h["task_goal_completion"] for h in history) / 2)
+    trial = json.loads((tmp_path / "trials.json").read_text())[0]
+    assert sorted(trial["user_attrs"]) == ["owner", "seed0"] and trial["last_step"] == 2  # one report per iteration
+    used = yaml.safe_load((run_dir / "config.yml").read_text())["hyperparams"]
+    assert {f"credit_kwargs.vcbm_blend.{k}": v for k, v in used["credit_kwargs"]["vcbm_blend"].items()
+            if k != "few_bookmarks"} == result["best_params"]
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--trials", "0"], "--trials 0: expected an integer in"),
+    (["--trials", "2", "--backend", "dask"], "--backend 'dask': expected one of process, ray"),
+    (["--trials", "2", "--address", "auto"], "--address 'auto' with --backend process: expected --backend ray"),
+    (["--trials", "2", "--iterations", "3"], "--iterations 3 with algo 'vcbm': expected --max-episodes"),
+    (["--trials", "2", "--hyperparams", "z_thresh"], "malformed hyperparameter 'z_thresh': expected key=value"),
+    (["--trials", "2", "--hyperparams", "bogus=1"], "unknown hyperparameter 'bogus'"),
+    (["--trials", "2", "--seeds-per-trial", "0"], "--seeds-per-trial 0: expected an integer in"),
+])
+def test_bad_tune_arguments_are_one_clear_error(tmp_path, extra, message):
+    with pytest.raises(VcbmGymError, match=message):
+        tune([*FAST_VCBM[:4], *extra, "--out", str(tmp_path)])
+    assert not (tmp_path / "study.journal").exists()  # refused before any study exists
+
+
+def test_an_env_without_the_convergence_criterion_is_refused_before_any_trial(tmp_path):
+    """CartPole reports no first_decision_optimal: episodes to converge, the objective, does not exist there."""
+    with pytest.raises(VcbmGymError, match=r"env 'CartPole-v1' reports no info\['first_decision_optimal'\].*tune"):
+        tune(["--algo", "ppo", "--env", "CartPole-v1", "--trials", "1", "--max-episodes", "5", "--out", str(tmp_path)])
+    assert not (tmp_path / "study.journal").exists()
