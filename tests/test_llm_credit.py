@@ -181,3 +181,73 @@ def test_credit_flag_trains_the_tiny_model_with_that_rule(tmp_path, credit):
     import yaml
 
     assert yaml.safe_load((tmp_path / "config.yml").read_text())["hyperparams"]["credit"] == credit
+
+
+def test_missing_vllm_log_probs_fail_loudly():
+    from algorithms.common.errors import VcbmGymError
+    from algorithms.llm.trainer import MultiTurnGRPOTrainer
+
+    class FakeGeneration:
+        max_completion_length = None
+
+        def __init__(self, logprobs):
+            self.logprobs = logprobs
+
+        def generate(self, prompts, images, num_generations):
+            return None, [[5, 6], [7]], self.logprobs, None
+
+    def answers(logprobs):
+        fake = types.SimpleNamespace(
+            vllm_generation=FakeGeneration(logprobs), args=types.SimpleNamespace(max_new_tokens_per_turn=4)
+        )
+        out = MultiTurnGRPOTrainer._vllm_generate(fake, [[1], [2]])
+        assert fake.vllm_generation.max_completion_length == 4  # per turn
+        return out
+
+    assert answers([[[-0.5], [-1.0]], [[-0.25]]]) == [([5, 6], [-0.5, -1.0]), ([7], [-0.25])]
+    for bad, where in (
+        ([[[-0.5], [None]], [[-0.25]]], "token 1 of completion 0"),
+        ([[[-0.5], []], [[-0.25]]], "token 1 of completion 0"),
+        ([[[-0.5]], [[-0.25]]], "token 1 of completion 0"),  # fewer log-probs than tokens
+        ([[[-0.5], [-1.0]], [[float("nan")]]], "token 0 of completion 1"),
+        ([[[-0.5], [-1.0]]], "log-probs for 1 of 2 completions"),
+        (None, "log-probs for 0 of 2 completions"),
+    ):
+        with pytest.raises(VcbmGymError) as excinfo:
+            answers(bad)
+        assert where in str(excinfo.value) and "\n" not in str(excinfo.value)
+
+
+@pytest.mark.slow
+def test_two_processes_gather_a_task_split_over_ranks(tmp_path):
+    """torchrun, 2 CPU processes (gloo): task 2's rollouts sit on ranks 0 and 1; both see the whole batch."""
+    import json
+    import shutil
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [torchrun, "--nproc_per_node", "2", "--master_port", str(port), str(repo / "tests" / "llm_gather_check.py"), str(repo)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    results = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            _, rank, start, size, payload = line.split(" ", 4)
+            results[int(rank)] = (int(start), int(size), json.loads(payload))
+    assert {r: v[:2] for r, v in results.items()} == {0: (0, 6), 1: (3, 6)}
+    # returns: rank 0 [1, 3, 5] (tasks 1, 1, 2), rank 1 [-1, 0.5, 2.5] (tasks 2, 3, 3)
+    assert results[0][2]["loo"] == [-2.0, 2.0, 6.0] and results[1][2]["loo"] == [-6.0, -2.0, 2.0]
+    assert results[0][2]["grpo"][2] == pytest.approx(-results[1][2]["grpo"][0])
+    assert results[0][2]["vcbm_blend"] == results[0][2]["loo"]  # one bookmark per turn <= top_k: plain LOO

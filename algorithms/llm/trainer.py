@@ -176,6 +176,29 @@ def join_state(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
     return obj
 
 
+def vllm_answers(completion_ids, logprobs) -> list[tuple[list[int], list[float]]]:
+    """(token ids, sampled-token log-probs) per completion from TRL's vLLM engine (`logprobs[j][i][0]`).
+
+    A missing log-prob (no list, a None, a NaN, or fewer than the tokens) raises: a stand-in value
+    such as 0.0 would make the importance ratio and the KL estimate of that token silently wrong.
+    """
+    if logprobs is None or len(logprobs) != len(completion_ids):
+        raise VcbmGymError(f"vLLM returned log-probs for {0 if logprobs is None else len(logprobs)} of "
+                           f"{len(completion_ids)} completions; expected one per completion (logprobs enabled)")
+    out = []
+    for j, (ids, seq) in enumerate(zip(completion_ids, logprobs)):
+        values = []
+        for i in range(len(ids)):
+            lp = seq[i] if seq is not None and i < len(seq) else None
+            value = lp[0] if isinstance(lp, (list, tuple)) and lp else None
+            if value is None or not math.isfinite(float(value)):
+                raise VcbmGymError(f"vLLM returned no log-prob for token {i} of completion {j} ({lp!r}); expected the "
+                                   "sampled token's log-prob for every generated token")
+            values.append(float(value))
+        out.append((list(ids), values))
+    return out
+
+
 def context_keys(episodes: list[Episode]) -> list[list[str]]:
     """EMPO context of every turn: the task, the turn index and the whole conversation before it."""
     keys = []
@@ -254,10 +277,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         gen = self.vllm_generation  # GRPOTrainer._generate synced its weights before calling _rollout
         gen.max_completion_length = self.args.max_new_tokens_per_turn  # per turn, not per episode
         _, completion_ids, logprobs, _ = gen.generate(prompts=contexts, images=None, num_generations=1)
-        return [
-            (list(ids), [float(lp[0]) if lp and lp[0] is not None else 0.0 for lp in seq])
-            for ids, seq in zip(completion_ids, logprobs)
-        ]
+        return vllm_answers(completion_ids, logprobs)
 
     def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict[str, list]:
         """TRL rollout_func: the dataset's prompt column carries each task's env seed."""
