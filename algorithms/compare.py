@@ -110,6 +110,7 @@ def make_jobs(args: argparse.Namespace) -> list[Job]:
     before any run starts). The config is resolved once per algo; only the seed differs."""
     jobs = []
     for label in args.algos:
+
         def argv_of(seed: int, log_dir: Path, label: str = label) -> list[str]:
             argv = [*algo_argv(label), "--env", args.env, "--seed", str(seed), "--log-dir", str(log_dir), "--no-progress"]
             if args.max_episodes is not None:
@@ -201,8 +202,9 @@ def _stop_on_sigterm(signum: int, frame: Any) -> None:
     raise Stopped("SIGTERM", 128 + signal.SIGTERM)
 
 
-def run_jobs(jobs: list[Job], workers: int, progress: bool = True, backend: str = "process",
-             address: str | None = None) -> dict[Job, dict[str, Any]]:
+def run_jobs(
+    jobs: list[Job], workers: int, progress: bool = True, backend: str = "process", address: str | None = None
+) -> dict[Job, dict[str, Any]]:
     """Run the jobs that have no finished summary yet (in local processes, or as Ray tasks);
     return every job's summary."""
     summaries, stale = {}, []
@@ -216,8 +218,12 @@ def run_jobs(jobs: list[Job], workers: int, progress: bool = True, backend: str 
     if summaries:
         print(f"reusing {len(summaries)} finished run(s) of the same config; {len(todo)} to run", file=sys.stderr)
     if stale:
-        print(f"rerunning {len(stale)} run(s) found in --out: " + "; ".join(stale[:3])
-              + (f"; and {len(stale) - 3} more" if len(stale) > 3 else ""), file=sys.stderr)
+        print(
+            f"rerunning {len(stale)} run(s) found in --out: "
+            + "; ".join(stale[:3])
+            + (f"; and {len(stale) - 3} more" if len(stale) > 3 else ""),
+            file=sys.stderr,
+        )
     bar = tqdm(total=len(todo), desc="runs", unit="run", disable=not progress)
     failures: list[str] = []
 
@@ -241,8 +247,10 @@ def run_jobs(jobs: list[Job], workers: int, progress: bool = True, backend: str 
     except (KeyboardInterrupt, Stopped) as exc:
         signame, code = ("SIGINT", 130) if isinstance(exc, KeyboardInterrupt) else (str(exc), exc.exit_code)
         done = sum(1 for job in jobs if finished_summary(job.log_dir, job.run)[0] is not None)
-        raise Stopped(f"{signame}: {done} of {len(jobs)} run(s) finished and kept in their log dirs; "
-                      "rerun the same command to continue", code) from None
+        raise Stopped(
+            f"{signame}: {done} of {len(jobs)} run(s) finished and kept in their log dirs; rerun the same command to continue",
+            code,
+        ) from None
     finally:
         bar.close()
     if failures:
@@ -266,8 +274,9 @@ def _run_processes(todo: list[Job], workers: int, finished: Any) -> None:
             while queue and len(running) < workers:
                 job = queue.popleft()
                 receive, send = context.Pipe(duplex=False)
-                process = context.Process(target=_worker, args=(job.argv, send, os.getpid()), daemon=True,
-                                          name=f"{job.label}-seed{job.seed}")
+                process = context.Process(
+                    target=_worker, args=(job.argv, send, os.getpid()), daemon=True, name=f"{job.label}-seed{job.seed}"
+                )
                 process.start()
                 send.close()
                 running[process] = (job, receive)
@@ -368,10 +377,13 @@ def table_markdown(results: dict[str, Any]) -> str:
             f"{100 * fraction['estimate']:.0f}% [{100 * fraction['ci_low']:.0f}%, {100 * fraction['ci_high']:.0f}%] |"
         )
     if any(entry["n_converged"] < len(entry["seeds"]) for entry in results["algos"].values()):
-        lines += ["", "Runs that hit the episode cap enter every statistic here (range, mean, median, IQM, their CIs, "
-                  "the probability of improvement and Mann–Whitney) with the cap, a lower bound of their episodes "
-                  "to converge. The median and IQM do not depend on how far past the cap such runs would have gone "
-                  "while fewer than half (median) or a quarter (IQM) of a method's runs hit it."]
+        lines += [
+            "",
+            "Runs that hit the episode cap enter every statistic here (range, mean, median, IQM, their CIs, "
+            "the probability of improvement and Mann–Whitney) with the cap, a lower bound of their episodes "
+            "to converge. The median and IQM do not depend on how far past the cap such runs would have gone "
+            "while fewer than half (median) or a quarter (IQM) of a method's runs hit it.",
+        ]
     for name, t in results["mann_whitney"].items():
         a, b = name.split("_vs_")
         poi = results["probability_of_improvement"][name]
@@ -445,13 +457,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--algos", nargs="+", required=True, help="algo names, or ALGO+CREDIT_RULE")
     parser.add_argument("--seeds", type=int, default=20, help="number of seeds per algo")
     parser.add_argument("--seed-start", type=int, default=0, help="first seed (seeds are consecutive)")
-    parser.add_argument("--workers", type=int, default=2,
-                        help="seeds run at once (process: parallel processes, 0 runs them in this process; "
-                        "ray: tasks in flight, and the CPUs of a local Ray instance)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="seeds run at once (process: parallel processes, 0 runs them in this process; "
+        "ray: tasks in flight, and the CPUs of a local Ray instance)",
+    )
     parser.add_argument("--backend", default="process", help=f"where the seeds run, one of: {', '.join(BACKENDS)}")
-    parser.add_argument("--address", default=None,
-                        help="with --backend ray: an existing Ray cluster (e.g. auto, or ray://HOST:10001); "
-                        "default: a local Ray instance for this compare")
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="with --backend ray: an existing Ray cluster (e.g. auto, or ray://HOST:10001); "
+        "default: a local Ray instance for this compare",
+    )
     parser.add_argument("--max-episodes", type=int, default=None, help="episode cap passed to every run")
     parser.add_argument("--hyperparams", nargs="*", default=[], metavar="KEY=VALUE", help="passed to every run")
     parser.add_argument("--out", required=True, help="output dir (finished runs found there are reused)")
@@ -471,8 +490,9 @@ def locked(out: Path):
         handle.seek(0)
         holder = handle.read().strip() or "?"
         handle.close()
-        raise VcbmGymError(f"--out {str(out)!r} is in use by another compare (pid {holder}, lock {str(path)!r}): "
-                           "expected one compare per --out") from None
+        raise VcbmGymError(
+            f"--out {str(out)!r} is in use by another compare (pid {holder}, lock {str(path)!r}): expected one compare per --out"
+        ) from None
     try:
         handle.truncate(0)
         handle.write(f"{os.getpid()}\n")
@@ -523,16 +543,32 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 from algorithms.plot import plot_learning_curves
 
                 groups = {label: [job.log_dir for job in jobs if job.label == label] for label in args.algos}
-                plot_learning_curves(groups, "correct", out / "curves.png",
-                                     title=f"{args.env}: correct first decisions (moving average), mean and 95% CI over seeds")
+                plot_learning_curves(
+                    groups,
+                    "correct",
+                    out / "curves.png",
+                    title=f"{args.env}: correct first decisions (moving average), mean and 95% CI over seeds",
+                )
             provenance.write_run_record(
-                out, "python -m algorithms.compare", argv, started, backend=args.backend, address=args.address,
+                out,
+                "python -m algorithms.compare",
+                argv,
+                started,
+                backend=args.backend,
+                address=args.address,
                 workers=args.workers,
-                runs=len(jobs), runs_reused=reused, runs_run=len(jobs) - reused,
+                runs=len(jobs),
+                runs_reused=reused,
+                runs_run=len(jobs) - reused,
                 run_time_s_sum=round(sum(float(s.get("wall_time_s", 0.0)) for s in summaries.values()), 3),
-                resolved={label: {**next(j.run for j in jobs if j.label == label).identity(), "seed": "per run",
-                                  "argv_first_seed": list(next(j.argv for j in jobs if j.label == label))}
-                          for label in args.algos},
+                resolved={
+                    label: {
+                        **next(j.run for j in jobs if j.label == label).identity(),
+                        "seed": "per run",
+                        "argv_first_seed": list(next(j.argv for j in jobs if j.label == label)),
+                    }
+                    for label in args.algos
+                },
             )
     finally:
         if previous is not None:

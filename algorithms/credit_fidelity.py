@@ -35,8 +35,14 @@ from algorithms.common.errors import ConfigError
 from vcbm_gym.credit.set_credit import set_credit, shapley_exact, zero_sum_shaping
 
 FIDELITY_RULES = ("shapley", "singleton", "banzhaf", "loo")
-RULE_LABELS = {"shapley": "CASI (Shapley)", "singleton": "Singleton", "banzhaf": "Banzhaf", "loo": "LOO",
-               "broadcast": "Broadcast", "casi": "CASI"}
+RULE_LABELS = {
+    "shapley": "CASI (Shapley)",
+    "singleton": "Singleton",
+    "banzhaf": "Banzhaf",
+    "loo": "LOO",
+    "broadcast": "Broadcast",
+    "casi": "CASI",
+}
 ZERO = 1e-12
 HELDOUT_SEED_BASE = 10**9  # training requests use env seeds below this, held-out ones above
 
@@ -58,15 +64,23 @@ def fidelity_metrics(credit: np.ndarray, reference: np.ndarray) -> dict[str, flo
     }
 
 
-def median_difference_ci(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n_resamples: int = 2000
-                         ) -> tuple[float, float, float]:
+def median_difference_ci(
+    a: np.ndarray, b: np.ndarray, rng: np.random.Generator, n_resamples: int = 2000
+) -> tuple[float, float, float]:
     """median(a) - median(b) with a request-level paired percentile bootstrap 95% CI."""
     keep = ~(np.isnan(a) | np.isnan(b))
     a, b = a[keep], b[keep]
     diff = float(np.median(a) - np.median(b))
-    result = stats.bootstrap((a, b), lambda x, y, axis: np.median(x, axis=axis) - np.median(y, axis=axis),
-                             paired=True, vectorized=True, n_resamples=n_resamples, method="percentile",
-                             confidence_level=0.95, random_state=rng)
+    result = stats.bootstrap(
+        (a, b),
+        lambda x, y, axis: np.median(x, axis=axis) - np.median(y, axis=axis),
+        paired=True,
+        vectorized=True,
+        n_resamples=n_resamples,
+        method="percentile",
+        confidence_level=0.95,
+        random_state=rng,
+    )
     return diff, float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
@@ -78,8 +92,9 @@ def make_set_env(env_id: str, **overrides: Any) -> gym.Env:
     except (TypeError, ValueError) as error:
         raise ConfigError(f"--env {env_id!r} with {overrides}: {error}") from None
     if not hasattr(env, "request") or not hasattr(env, "params"):
-        raise ConfigError(f"--env {env_id!r}: expected a set-action env exposing snapshot and reference "
-                          "evaluators, such as SetRetrieval-v0")
+        raise ConfigError(
+            f"--env {env_id!r}: expected a set-action env exposing snapshot and reference evaluators, such as SetRetrieval-v0"
+        )
     return env
 
 
@@ -107,26 +122,36 @@ def run_fidelity(env_id: str, n_requests: int, seed: int, **overrides: Any) -> d
             diff, low, high = median_difference_ci(cosines["shapley"], cosines[rule], rng)
             entry["casi_minus_rule"] = {"median_cosine_diff": diff, "ci95": [low, high]}
         table[rule] = entry
-    return {"env": env_id, "requests": n_requests, "seed": seed, "set_size": m, "pool_size": pool,
-            "env_params": {k: v for k, v in vars(env.params).items()}, "behaviour_policy": "uniform random m of P",
-            "broadcast": "excluded: centred Broadcast credit is 0, so cosine/Spearman/top action are undefined",
-            "rules": table}
+    return {
+        "env": env_id,
+        "requests": n_requests,
+        "seed": seed,
+        "set_size": m,
+        "pool_size": pool,
+        "env_params": {k: v for k, v in vars(env.params).items()},
+        "behaviour_policy": "uniform random m of P",
+        "broadcast": "excluded: centred Broadcast credit is 0, so cosine/Spearman/top action are undefined",
+        "rules": table,
+    }
 
 
 def fidelity_markdown(result: dict[str, Any]) -> str:
-    lines = [f"Credit fidelity on {result['env']}: {result['requests']} requests, seed {result['seed']}, "
-             f"m = {result['set_size']} of P = {result['pool_size']}; reference = exact Shapley of exact values.",
-             f"Snapshot evaluator: eval_noise_sd = {result['env_params']['eval_noise_sd']}, eval_bias_sd = "
-             f"{result['env_params']['eval_bias_sd']}; behaviour policy: {result['behaviour_policy']}.",
-             "",
-             "| Rule | Sign all | Sign nz | Spearman | Top action | Median cosine | CASI - rule (95% CI) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Credit fidelity on {result['env']}: {result['requests']} requests, seed {result['seed']}, "
+        f"m = {result['set_size']} of P = {result['pool_size']}; reference = exact Shapley of exact values.",
+        f"Snapshot evaluator: eval_noise_sd = {result['env_params']['eval_noise_sd']}, eval_bias_sd = "
+        f"{result['env_params']['eval_bias_sd']}; behaviour policy: {result['behaviour_policy']}.",
+        "",
+        "| Rule | Sign all | Sign nz | Spearman | Top action | Median cosine | CASI - rule (95% CI) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for rule, row in result["rules"].items():
         gap = row.get("casi_minus_rule")
-        gap_text = "—" if gap is None else (f"{gap['median_cosine_diff']:+.4f} "
-                                            f"[{gap['ci95'][0]:+.4f}, {gap['ci95'][1]:+.4f}]")
-        lines.append(f"| {RULE_LABELS[rule]} | {row['sign_all']:.4f} | {row['sign_nz']:.4f} | {row['spearman']:.4f} "
-                     f"| {row['top_action']:.4f} | {row['median_cosine']:.4f} | {gap_text} |")
+        gap_text = "—" if gap is None else (f"{gap['median_cosine_diff']:+.4f} [{gap['ci95'][0]:+.4f}, {gap['ci95'][1]:+.4f}]")
+        lines.append(
+            f"| {RULE_LABELS[rule]} | {row['sign_all']:.4f} | {row['sign_nz']:.4f} | {row['spearman']:.4f} "
+            f"| {row['top_action']:.4f} | {row['median_cosine']:.4f} | {gap_text} |"
+        )
     lines.append("")
     lines.append(f"Broadcast: {result['broadcast']}.")
     return "\n".join(lines) + "\n"
@@ -143,16 +168,17 @@ def pick_features(features: np.ndarray, n_facets: int, chosen: list[int]) -> np.
     coverage; the part of it not yet covered by the chosen items (a redundancy-aware gain); its
     intent one-hot; and intent(item) x intents-already-chosen indicators, through which the
     policy can learn which intents complement each other."""
-    coverage, weights = features[:, :n_facets], features[:, n_facets:2 * n_facets]
-    intent = features[:, 2 * n_facets:]
+    coverage, weights = features[:, :n_facets], features[:, n_facets : 2 * n_facets]
+    intent = features[:, 2 * n_facets :]
     uncovered = np.prod(1.0 - coverage[chosen], axis=0) if chosen else np.ones(n_facets)
     chosen_intents = (intent[chosen].sum(axis=0) > 0).astype(float) if chosen else np.zeros(intent.shape[1])
     pairs = (intent[:, :, None] * chosen_intents[None, None, :]).reshape(len(features), -1)
     return np.hstack([(coverage @ weights[0])[:, None], ((coverage * uncovered) @ weights[0])[:, None], intent, pairs])
 
 
-def rollout_policy(features: np.ndarray, n_facets: int, m: int, theta: np.ndarray,
-                   rng: np.random.Generator | None) -> tuple[list[int], list[np.ndarray]]:
+def rollout_policy(
+    features: np.ndarray, n_facets: int, m: int, theta: np.ndarray, rng: np.random.Generator | None
+) -> tuple[list[int], list[np.ndarray]]:
     """m distinct items, each drawn from softmax(x @ theta) over the items left (greedy argmax
     when rng is None); returns the items and, per pick, the score-function gradient
     d log pi(pick) / d theta = x_pick - E_pi[x]."""
@@ -169,8 +195,17 @@ def rollout_policy(features: np.ndarray, n_facets: int, m: int, theta: np.ndarra
     return chosen, grads
 
 
-def train_policy(env: gym.Env, method: str, seed: int, iterations: int, requests_per_iter: int, rollouts: int,
-                 lr: float, beta: float, bound: float) -> np.ndarray:
+def train_policy(
+    env: gym.Env,
+    method: str,
+    seed: int,
+    iterations: int,
+    requests_per_iter: int,
+    rollouts: int,
+    lr: float,
+    beta: float,
+    bound: float,
+) -> np.ndarray:
     """REINFORCE on snapshot rewards: pick k of rollout g is weighted by A^(g) + beta * z_k, where
     A^(g) is the leave-one-out advantage over the request's rollouts (Broadcast: z = 0) and z the
     bounded zero-sum shaping of Singleton or Shapley (CASI) credit from the snapshot's coalition
@@ -205,9 +240,19 @@ def evaluate_policy(env: gym.Env, theta: np.ndarray, seeds: np.ndarray) -> float
     return float(np.mean(values))
 
 
-def train_comparison(env_id: str, seed: int, n_seeds: int = 5, iterations: int = 60, requests_per_iter: int = 8,
-                     rollouts: int = 4, lr: float = 1.0, beta: float = 1.0, bound: float = 0.2,
-                     heldout: int = 1000, **overrides: Any) -> dict[str, Any]:
+def train_comparison(
+    env_id: str,
+    seed: int,
+    n_seeds: int = 5,
+    iterations: int = 60,
+    requests_per_iter: int = 8,
+    rollouts: int = 4,
+    lr: float = 1.0,
+    beta: float = 1.0,
+    bound: float = 0.2,
+    heldout: int = 1000,
+    **overrides: Any,
+) -> dict[str, Any]:
     """Broadcast vs Singleton vs CASI shaping (the paper's Table 3 analogue): `n_seeds` training
     runs each of the linear autoregressive policy (`pick_features`), then the greedy set's mean
     reference value on `heldout` common held-out requests; also a uniformly random set's value and
@@ -216,9 +261,14 @@ def train_comparison(env_id: str, seed: int, n_seeds: int = 5, iterations: int =
     heldout_seeds = HELDOUT_SEED_BASE + seed * 10_007 + np.arange(heldout)
     results: dict[str, Any] = {}
     for method in ("broadcast", "singleton", "casi"):
-        scores = [evaluate_policy(env, train_policy(env, method, seed * 100 + s, iterations, requests_per_iter,
-                                                    rollouts, lr, beta, bound), heldout_seeds)
-                  for s in range(n_seeds)]
+        scores = [
+            evaluate_policy(
+                env,
+                train_policy(env, method, seed * 100 + s, iterations, requests_per_iter, rollouts, lr, beta, bound),
+                heldout_seeds,
+            )
+            for s in range(n_seeds)
+        ]
         results[method] = {"mean": float(np.mean(scores)), "std": float(np.std(scores, ddof=1)), "runs": scores}
     sets = np.array([mask for mask in range(1 << env.params.pool_size) if bin(mask).count("1") == env.params.set_size])
     random_values, best_values = [], []
@@ -228,18 +278,30 @@ def train_comparison(env_id: str, seed: int, n_seeds: int = 5, iterations: int =
         best_values.append(env.request.reference_table[sets].max())
     results["uniform_random"] = {"mean": float(np.mean(random_values))}
     results["best_set"] = {"mean": float(np.mean(best_values))}
-    config = dict(n_seeds=n_seeds, iterations=iterations, requests_per_iter=requests_per_iter, rollouts=rollouts,
-                  lr=lr, beta=beta, bound=bound, heldout=heldout)
+    config = dict(
+        n_seeds=n_seeds,
+        iterations=iterations,
+        requests_per_iter=requests_per_iter,
+        rollouts=rollouts,
+        lr=lr,
+        beta=beta,
+        bound=bound,
+        heldout=heldout,
+    )
     return {"env": env_id, "seed": seed, "config": config, "methods": results}
 
 
 def training_markdown(result: dict[str, Any]) -> str:
     c = result["config"]
-    lines = [f"Held-out mean reference set value on {c['heldout']} common requests ({result['env']}); "
-             f"mean ± std over {c['n_seeds']} training runs of {c['iterations']} iterations.", "",
-             "| Method | Mean replay value |", "|---|---|",
-             f"| Uniform random set (expected) | {result['methods']['uniform_random']['mean']:.4f} |",
-             f"| Best set (exhaustive, upper bound) | {result['methods']['best_set']['mean']:.4f} |"]
+    lines = [
+        f"Held-out mean reference set value on {c['heldout']} common requests ({result['env']}); "
+        f"mean ± std over {c['n_seeds']} training runs of {c['iterations']} iterations.",
+        "",
+        "| Method | Mean replay value |",
+        "|---|---|",
+        f"| Uniform random set (expected) | {result['methods']['uniform_random']['mean']:.4f} |",
+        f"| Best set (exhaustive, upper bound) | {result['methods']['best_set']['mean']:.4f} |",
+    ]
     for method in ("broadcast", "singleton", "casi"):
         row = result["methods"][method]
         lines.append(f"| {RULE_LABELS[method]} | {row['mean']:.4f} ± {row['std']:.4f} |")
@@ -266,8 +328,7 @@ def run(argv: list[str]) -> None:
     args = build_parser().parse_args(argv)
     cli.check_int(args.requests, "--requests", 10, MAX_REQUESTS)
     cli.check_seed(args.seed, "--seed")
-    overrides = {k: v for k, v in (("eval_noise_sd", args.eval_noise_sd), ("eval_bias_sd", args.eval_bias_sd))
-                 if v is not None}
+    overrides = {k: v for k, v in (("eval_noise_sd", args.eval_noise_sd), ("eval_bias_sd", args.eval_bias_sd)) if v is not None}
     make_set_env(args.env, **overrides)  # bad env or values: one line before any work
     out = cli.output_dir(args.out, "--out")
     result = run_fidelity(args.env, args.requests, args.seed, **overrides)
@@ -282,9 +343,13 @@ def run(argv: list[str]) -> None:
         cli.atomic_write_text(out / "training.md", markdown)
         print(markdown)
     # the command, commit and wall time behind these numbers (benchmarks/make_results.py publishes them)
-    provenance.write_run_record(out, "python -m algorithms.credit_fidelity", argv, started,
-                                settings={"env": args.env, "requests": args.requests, "seed": args.seed, "train": args.train,
-                                          **overrides})
+    provenance.write_run_record(
+        out,
+        "python -m algorithms.credit_fidelity",
+        argv,
+        started,
+        settings={"env": args.env, "requests": args.requests, "seed": args.seed, "train": args.train, **overrides},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,8 +55,10 @@ def ray_session(address: str | None, num_cpus: int, what: str) -> Iterator[Any]:
     try:
         ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise VcbmGymError(f"{what}: cannot connect to Ray at --address {address!r} ({exc}); expected a running "
-                           "cluster (ray start --head) or no --address for a local instance") from None
+        raise VcbmGymError(
+            f"{what}: cannot connect to Ray at --address {address!r} ({exc}); expected a running "
+            "cluster (ray start --head) or no --address for a local instance"
+        ) from None
     try:
         yield ray
     finally:

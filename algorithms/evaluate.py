@@ -41,16 +41,12 @@ def scripted_policy(spec: str, data_root: Path) -> Policy:
         def cells_of(task_id: str) -> list[str]:
             path = data_root / "data" / "tasks" / task_id / "ground_truth" / "solution_cells.json"
             if not path.exists():
-                raise VcbmGymError(
-                    f"scripted:oracle needs {path} (synthetic tasks only); expected a synthetic data root"
-                )
+                raise VcbmGymError(f"scripted:oracle needs {path} (synthetic tasks only); expected a synthetic data root")
             return json.loads(path.read_text())
     else:
         path = Path(spec)
         if not path.is_file():
-            raise VcbmGymError(
-                f"--model scripted:{spec}: no such file; expected scripted:oracle or scripted:FILE.json"
-            )
+            raise VcbmGymError(f"--model scripted:{spec}: no such file; expected scripted:oracle or scripted:FILE.json")
         table = read_json_object(path, "--model scripted:")
         for key, cells in table.items():
             if not isinstance(cells, list) or not all(isinstance(cell, str) for cell in cells):
@@ -200,17 +196,11 @@ def evaluate(args: argparse.Namespace) -> dict:
             try:
                 evaluation = step_info["evaluation"] if done else appworld.evaluate()
             except AppWorldServerError as error:
-                raise VcbmGymError(
-                    f"task {task_id!r} of --split {args.split!r} cannot be scored: {error}"
-                ) from None
+                raise VcbmGymError(f"task {task_id!r} of --split {args.split!r} cannot be scored: {error}") from None
             if evaluation is None:
-                raise VcbmGymError(
-                    f"task {task_id!r} of --split {args.split!r} has no ground truth to score against"
-                )
+                raise VcbmGymError(f"task {task_id!r} of --split {args.split!r} has no ground truth to score against")
             if not done:
-                reward = (
-                    evaluation["pass_count"] / evaluation["num_tests"] if evaluation["num_tests"] else 0.0
-                )
+                reward = evaluation["pass_count"] / evaluation["num_tests"] if evaluation["num_tests"] else 0.0
             results[task_id] = evaluation
             returns[task_id] = float(reward)
             print(
@@ -247,12 +237,8 @@ def evaluate(args: argparse.Namespace) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.ArgumentParser(prog="python -m algorithms.evaluate", description=__doc__.split("\n")[0])
     parser.add_argument("--env", default="AppWorld-v0")
-    parser.add_argument(
-        "--split", default="dev", help="AppWorld dataset: train, dev, test_normal, test_challenge"
-    )
-    parser.add_argument(
-        "--model", required=True, help="scripted:oracle, scripted:FILE.json, tiny, or a HF causal LM"
-    )
+    parser.add_argument("--split", default="dev", help="AppWorld dataset: train, dev, test_normal, test_challenge")
+    parser.add_argument("--model", required=True, help="scripted:oracle, scripted:FILE.json, tiny, or a HF causal LM")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--difficulty", type=int, choices=(1, 2, 3), default=None)
     parser.add_argument("--max-tasks", type=int, default=0, help="evaluate only the first N tasks (0 = all)")

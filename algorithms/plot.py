@@ -32,8 +32,11 @@ from algorithms.common import cli
 from algorithms.common.errors import VcbmGymError
 
 ALIASES = {
-    "correct": {"tabular": "train/correct_moving_average", "sb3": "rollout/correct_moving_average",
-                "llm": "loop/task_goal_completion"},
+    "correct": {
+        "tabular": "train/correct_moving_average",
+        "sb3": "rollout/correct_moving_average",
+        "llm": "loop/task_goal_completion",
+    },
     "return": {"tabular": "train/episode_return", "sb3": "rollout/ep_rew_mean", "llm": "loop/mean_return"},
 }
 ARMS = {"algorithms.tabular.runner": "tabular", "algorithms.sb3.runner": "sb3", "algorithms.llm.runner": "llm"}
@@ -49,14 +52,18 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
     for given in paths:
         path = Path(given)
         if not path.is_dir():
-            raise VcbmGymError(f"run dir {str(path)!r} {'is not a directory' if path.exists() else 'does not exist'}: "
-                               "expected a run's log dir or a directory holding runs")
+            raise VcbmGymError(
+                f"run dir {str(path)!r} {'is not a directory' if path.exists() else 'does not exist'}: "
+                "expected a run's log dir or a directory holding runs"
+            )
         found = sorted({p.parent for p in path.rglob("config.yml")} | ({path} if (path / "config.yml").is_file() else set()))
         # a run's own subdirectories (checkpoints, SB3's event dirs) are part of it, not runs of their own
         found = [p for p in found if not any(q != p and q in p.parents for q in found)]
         if not found:
-            raise VcbmGymError(f"run dir {str(path)!r} holds no run (no config.yml at any depth): expected log dirs "
-                               "written by algorithms.train, algorithms.compare or algorithms.tune")
+            raise VcbmGymError(
+                f"run dir {str(path)!r} holds no run (no config.yml at any depth): expected log dirs "
+                "written by algorithms.train, algorithms.compare or algorithms.tune"
+            )
         runs.extend(p for p in found if p not in runs)
     return runs
 
@@ -66,8 +73,9 @@ def _record(run_dir: Path) -> dict[str, Any]:
 
     record = read_record(run_dir)
     if record is None:
-        raise VcbmGymError(f"{str(run_dir / 'config.yml')!r} is not the config.yml of a run: expected one written "
-                           "by algorithms.train")
+        raise VcbmGymError(
+            f"{str(run_dir / 'config.yml')!r} is not the config.yml of a run: expected one written by algorithms.train"
+        )
     return record
 
 
@@ -111,8 +119,10 @@ def run_curve(run_dir: Path, record: dict[str, Any], metric: str) -> tuple[np.nd
     arm = arm_of(record)
     if metric in ALIASES:
         if arm is None:
-            raise VcbmGymError(f"--metric {metric!r}: run {str(run_dir)!r} (algo {record.get('algo')!r}) is of no known "
-                               f"arm; expected a TensorBoard tag instead")
+            raise VcbmGymError(
+                f"--metric {metric!r}: run {str(run_dir)!r} (algo {record.get('algo')!r}) is of no known "
+                f"arm; expected a TensorBoard tag instead"
+            )
         tag = ALIASES[metric][arm]
     else:
         tag = metric
@@ -123,8 +133,10 @@ def run_curve(run_dir: Path, record: dict[str, Any], metric: str) -> tuple[np.nd
     steps, values = scalars[tag]
     if arm == "sb3":
         if SB3_EPISODES_TAG not in scalars:
-            raise VcbmGymError(f"run {str(run_dir)!r} logged no {SB3_EPISODES_TAG!r}: expected an SB3 run of "
-                               "algorithms.train (its x axis is episodes)")
+            raise VcbmGymError(
+                f"run {str(run_dir)!r} logged no {SB3_EPISODES_TAG!r}: expected an SB3 run of "
+                "algorithms.train (its x axis is episodes)"
+            )
         episode_steps, episodes = scalars[SB3_EPISODES_TAG]
         steps = np.interp(steps, episode_steps, episodes)  # logged at the same steps: exact there
     return steps, values, tag, X_LABELS[arm]
@@ -204,16 +216,28 @@ def draw(data: dict[str, Any], png: Path, title: str | None = None) -> None:
     ax.set_title(title or f"{data['metric']}: mean and 95% bootstrap CI across runs")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.text(0.01, -0.02, "Band: 95% percentile-bootstrap CI of the mean over runs. A run that ended early "
-             "(e.g. converged) holds its last value.", fontsize=7, ha="left", va="top")
+    fig.text(
+        0.01,
+        -0.02,
+        "Band: 95% percentile-bootstrap CI of the mean over runs. A run that ended early (e.g. converged) holds its last value.",
+        fontsize=7,
+        ha="left",
+        va="top",
+    )
     fig.tight_layout()
     _save(fig, png)
     _save(fig, png.with_suffix(".svg"))
     plt.close(fig)
 
 
-def plot_learning_curves(groups: dict[str, list[Path]], metric: str, png: str | Path, title: str | None = None,
-                         points: int = DEFAULT_POINTS, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+def plot_learning_curves(
+    groups: dict[str, list[Path]],
+    metric: str,
+    png: str | Path,
+    title: str | None = None,
+    points: int = DEFAULT_POINTS,
+    settings: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """Compute, draw and write PNG + SVG + JSON (the curves and `settings`) for runs already grouped by method."""
     png = Path(png)
     data = learning_curves(groups, metric, points)
@@ -245,12 +269,19 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
     groups: dict[str, list[Path]] = {}
     for run_dir in find_runs(args.run_dirs):
         groups.setdefault(method_label(run_dir, _record(run_dir), args.group_by), []).append(run_dir)
-    settings = {"command": ["python", "-m", "algorithms.plot", *argv], "run_dirs": list(args.run_dirs),
-                "metric": args.metric, "group_by": args.group_by, "points": args.points}
+    settings = {
+        "command": ["python", "-m", "algorithms.plot", *argv],
+        "run_dirs": list(args.run_dirs),
+        "metric": args.metric,
+        "group_by": args.group_by,
+        "points": args.points,
+    }
     data = plot_learning_curves(groups, args.metric, out, args.title, args.points, settings)
     for label, m in data["methods"].items():
-        print(f"{label}: {len(m['runs'])} run(s), {', '.join(m['tags'])}; final mean {m['mean'][-1]:.4g} "
-              f"[{m['ci_low'][-1]:.4g}, {m['ci_high'][-1]:.4g}] at {data['x_label']} {m['x'][-1]:,.0f}")
+        print(
+            f"{label}: {len(m['runs'])} run(s), {', '.join(m['tags'])}; final mean {m['mean'][-1]:.4g} "
+            f"[{m['ci_low'][-1]:.4g}, {m['ci_high'][-1]:.4g}] at {data['x_label']} {m['x'][-1]:,.0f}"
+        )
     print(f"wrote {out}, {out.with_suffix('.svg')}, {out.with_suffix('.json')}")
     return data
 

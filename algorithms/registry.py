@@ -17,11 +17,25 @@ class AlgoSpec:
 
 
 ALGOS: dict[str, AlgoSpec] = {
-    "vcbm": AlgoSpec("algorithms.tabular.runner", "algorithms.tabular.vcbm:VCBMAgent", "tabular VCBM (arXiv:2610.24032 Sec. IV-A)"),
-    "vcbm+": AlgoSpec("algorithms.tabular.runner", "algorithms.tabular.vcbm:VCBMPlusAgent", "tabular VCBM without the greedy trap (beyond the paper)"),
-    "rudder": AlgoSpec("algorithms.tabular.runner", "algorithms.tabular.rudder:RudderAgent", "RUDDER + direct Q (arXiv:1806.07857; arXiv:2610.24032 Sec. II-B)"),
-    "mc": AlgoSpec("algorithms.tabular.runner", "algorithms.tabular.mc:MonteCarloAgent", "tabular Monte Carlo on the delayed reward"),
-    "td": AlgoSpec("algorithms.tabular.runner", "algorithms.tabular.q_learning:QLearningAgent", "tabular Q-learning on the delayed reward"),
+    "vcbm": AlgoSpec(
+        "algorithms.tabular.runner", "algorithms.tabular.vcbm:VCBMAgent", "tabular VCBM (arXiv:2610.24032 Sec. IV-A)"
+    ),
+    "vcbm+": AlgoSpec(
+        "algorithms.tabular.runner",
+        "algorithms.tabular.vcbm:VCBMPlusAgent",
+        "tabular VCBM without the greedy trap (beyond the paper)",
+    ),
+    "rudder": AlgoSpec(
+        "algorithms.tabular.runner",
+        "algorithms.tabular.rudder:RudderAgent",
+        "RUDDER + direct Q (arXiv:1806.07857; arXiv:2610.24032 Sec. II-B)",
+    ),
+    "mc": AlgoSpec(
+        "algorithms.tabular.runner", "algorithms.tabular.mc:MonteCarloAgent", "tabular Monte Carlo on the delayed reward"
+    ),
+    "td": AlgoSpec(
+        "algorithms.tabular.runner", "algorithms.tabular.q_learning:QLearningAgent", "tabular Q-learning on the delayed reward"
+    ),
     "ppo": AlgoSpec("algorithms.sb3.runner", "stable_baselines3:PPO", "SB3 PPO with a pluggable credit rule"),
     "a2c": AlgoSpec("algorithms.sb3.runner", "stable_baselines3:A2C", "SB3 A2C with a pluggable credit rule"),
     "dqn": AlgoSpec("algorithms.sb3.runner", "stable_baselines3:DQN", "SB3 DQN on redistributed rewards"),

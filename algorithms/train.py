@@ -39,20 +39,22 @@ from algorithms.common.run_context import RunContext
 from algorithms.registry import ALGOS, get_algo
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("numpy", "gymnasium", "stable-baselines3", "torch", "scipy", "pyyaml", "trl", "transformers", "peft", "optuna",
-            "ray")
+PACKAGES = ("numpy", "gymnasium", "stable-baselines3", "torch", "scipy", "pyyaml", "trl", "transformers", "peft", "optuna", "ray")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.ArgumentParser(prog="python -m algorithms.train", description=__doc__.splitlines()[0])
     parser.add_argument("--algo", required=True, help=f"one of: {', '.join(ALGOS)}")
     parser.add_argument(
-        "--env", default="WatchRepair-v0",
+        "--env",
+        default="WatchRepair-v0",
         help=f"a registered env id or module:id (the module registers it), e.g. {', '.join(vcbm_gym.ENV_IDS)}",
     )
     parser.add_argument("--seed", type=int, default=0, help=f"in [0, {cli.MAX_SEED}]")
     parser.add_argument("--log-dir", default=None, help="default: runs/<algo>/<env>/seed<seed>")
-    parser.add_argument("--config", default=None, help="YAML file of hyperparameters (flat, keyed by env id, or a run's config.yml)")
+    parser.add_argument(
+        "--config", default=None, help="YAML file of hyperparameters (flat, keyed by env id, or a run's config.yml)"
+    )
     parser.add_argument("--hyperparams", nargs="*", default=[], metavar="KEY=VALUE")
     parser.add_argument("--max-episodes", type=int, default=None, help="episode cap (tabular and SB3 runs)")
     parser.add_argument("--overwrite", action="store_true", help="replace the run already in --log-dir")
@@ -67,8 +69,10 @@ def check_env_id(env_id: str) -> None:
         try:
             importlib.import_module(module)
         except ImportError as exc:
-            raise VcbmGymError(f"--env {env_id!r}: module {module!r} cannot be imported ({exc}); "
-                               "expected an importable module that registers the env") from None
+            raise VcbmGymError(
+                f"--env {env_id!r}: module {module!r} cannot be imported ({exc}); "
+                "expected an importable module that registers the env"
+            ) from None
     if name not in gym.registry:
         ours = ", ".join(vcbm_gym.ENV_IDS + vcbm_gym.DELAYED_ENV_IDS)
         raise VcbmGymError(f"unknown env id {env_id!r}; expected a registered Gymnasium id (or module:id) such as: {ours}")
@@ -204,16 +208,20 @@ def prepare_log_dir(log_dir: Path, run: ResolvedRun, args: argparse.Namespace, r
         record = read_record(log_dir)
         if args.overwrite:
             if record is None:
-                raise VcbmGymError(f"--overwrite: {str(log_dir)!r} holds no config.yml of a run; refusing to delete "
-                                   "what may not be a log dir; expected a run's log dir")
+                raise VcbmGymError(
+                    f"--overwrite: {str(log_dir)!r} holds no config.yml of a run; refusing to delete "
+                    "what may not be a log dir; expected a run's log dir"
+                )
             shutil.rmtree(log_dir)
         elif resume:
             if record is None:
                 raise VcbmGymError(f"--resume: {str(log_dir)!r} holds no config.yml of a run; expected a run's log dir")
             if record["config_hash"] != run.config_hash:
                 recorded = {k: record.get(k) for k in ("algo", "env", "seed", "hyperparams")}
-                raise VcbmGymError(f"--resume: {str(log_dir)!r} holds a run of another config ({config_diff(recorded, run.identity())}); "
-                                   "expected the same config, or --overwrite")
+                raise VcbmGymError(
+                    f"--resume: {str(log_dir)!r} holds a run of another config ({config_diff(recorded, run.identity())}); "
+                    "expected the same config, or --overwrite"
+                )
             if not runner_resumes:
                 summary, _ = finished_summary(log_dir, run)
                 if summary is not None:
@@ -221,8 +229,10 @@ def prepare_log_dir(log_dir: Path, run: ResolvedRun, args: argparse.Namespace, r
                 # tabular and SB3 runs keep no checkpoints: an unfinished one starts again
                 shutil.rmtree(log_dir)
         else:
-            raise VcbmGymError(f"--log-dir {str(log_dir)!r} already holds a run: expected a new or empty directory, "
-                               "or --resume (same config) or --overwrite")
+            raise VcbmGymError(
+                f"--log-dir {str(log_dir)!r} already holds a run: expected a new or empty directory, "
+                "or --resume (same config) or --overwrite"
+            )
     cli.output_dir(log_dir, "--log-dir")
     return None
 
@@ -250,8 +260,9 @@ def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, floa
     start = time.perf_counter()
     # a copy: SB3 adds entries to policy_kwargs in place, which must not change the recorded config
     hyperparams = copy.deepcopy(resolved.hyperparams)
-    ctx = RunContext(args.algo, args.env, args.seed, str(log_dir), hyperparams, args, progress=not args.no_progress,
-                     report=report)
+    ctx = RunContext(
+        args.algo, args.env, args.seed, str(log_dir), hyperparams, args, progress=not args.no_progress, report=report
+    )
     result = runner.run(ctx)
     summary = {"algo": args.algo, "env": args.env, "seed": args.seed, **result}
     summary["wall_time_s"] = time.perf_counter() - start
@@ -266,7 +277,9 @@ def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, floa
 def _main(argv: list[str]) -> None:
     summary = run(argv)
     skip = {"algo", "env", "seed", "log_dir", "config_hash", "checksum"}
-    brief = {k: v for k, v in summary.items() if k not in skip and (k == "roles" or isinstance(v, (bool, int, float, str, type(None))))}
+    brief = {
+        k: v for k, v in summary.items() if k not in skip and (k == "roles" or isinstance(v, (bool, int, float, str, type(None))))
+    }
     print(json.dumps(brief))
     print(f"TensorBoard logs: {summary['log_dir']}  (view with: tensorboard --logdir {summary['log_dir']})")
 

@@ -101,8 +101,11 @@ def parse_search_space(spec: Any, where: str) -> list[Param]:
             raise ConfigError(f"{at}: expected a hyperparameter name other than {', '.join(BUDGET_KEYS)} (tune sets those)")
         if not isinstance(dist, dict) or dist.get("type") not in KINDS:
             raise ConfigError(f"{at}: {dist!r}: expected a mapping with type one of {', '.join(KINDS)}")
-        allowed = {"type", "choices"} if dist["type"] == "categorical" else {"type", "low", "high", "log"} | (
-            {"step"} if dist["type"] == "int" else set())
+        allowed = (
+            {"type", "choices"}
+            if dist["type"] == "categorical"
+            else {"type", "low", "high", "log"} | ({"step"} if dist["type"] == "int" else set())
+        )
         extra = sorted(set(dist) - allowed)
         if extra:
             raise ConfigError(f"{at}: unknown key(s) {', '.join(map(str, extra))}; expected: {', '.join(sorted(allowed))}")
@@ -118,8 +121,9 @@ def parse_search_space(spec: Any, where: str) -> list[Param]:
             kind = "integers" if dist["type"] == "int" else "finite numbers"
             raise ConfigError(f"{at}: low={low!r}, high={high!r}: expected {kind}")
         if not low < high or not isinstance(log, bool) or (log and low <= 0):
-            raise ConfigError(f"{at}: low={low!r}, high={high!r}, log={log!r}: expected low < high, log true or false, "
-                              "and low > 0 with log")
+            raise ConfigError(
+                f"{at}: low={low!r}, high={high!r}, log={log!r}: expected low < high, log true or false, and low > 0 with log"
+            )
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 1 or log):
             raise ConfigError(f"{at}: step={step!r}: expected an integer >= 1, and no step with log")
         params.append(Param(name, dist["type"], low, high, log, step))
@@ -132,8 +136,9 @@ def load_search_space(algo: str, path: str | Path | None) -> list[Param]:
     if not isinstance(data, dict):
         raise ConfigError(f"search space file {str(source)!r}: expected a mapping of algo -> search space")
     if algo not in data:
-        raise ConfigError(f"search space file {str(source)!r} has no entry for algo {algo!r}; it has: "
-                          f"{', '.join(map(str, data)) or 'none'}")
+        raise ConfigError(
+            f"search space file {str(source)!r} has no entry for algo {algo!r}; it has: {', '.join(map(str, data)) or 'none'}"
+        )
     return parse_search_space(data[algo], f"search space file {str(source)!r}, algo {algo!r}")
 
 
@@ -159,8 +164,10 @@ def apply_params(base: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]
 
 def overrides_argv(values: dict[str, Any]) -> list[str]:
     """key=value items for --hyperparams (YAML flow style, read back by parse_overrides)."""
-    return [f"{k}={yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix('...').strip()}"
-            for k, v in values.items()]
+    return [
+        f"{k}={yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix('...').strip()}"
+        for k, v in values.items()
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,10 +185,16 @@ class Objective:
 
 def objective_for(arm: str) -> Objective:
     if arm == "llm":
-        return Objective("maximize", "task goal completion (optimal-decision rate), mean of the last --final-window "
-                         "iterations and the seeds", "task goal completion of the iteration")
-    return Objective("minimize", "episodes to converge, mean over the seeds (the cap for a run that does not converge)",
-                     "incorrect-decision rate, 1 - the correct-decision moving average")
+        return Objective(
+            "maximize",
+            "task goal completion (optimal-decision rate), mean of the last --final-window iterations and the seeds",
+            "task goal completion of the iteration",
+        )
+    return Objective(
+        "minimize",
+        "episodes to converge, mean over the seeds (the cap for a run that does not converge)",
+        "incorrect-decision rate, 1 - the correct-decision moving average",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,8 +226,14 @@ class Settings:
 
     def identity(self) -> dict[str, Any]:
         """What a study must have been created with to be continued by these settings."""
-        return {"algo": self.algo, "env": self.env, "seeds": list(self.seeds), "budget": self.budget,
-                "fixed": list(self.fixed), "search_space": [dataclasses.asdict(p) for p in self.params]}
+        return {
+            "algo": self.algo,
+            "env": self.env,
+            "seeds": list(self.seeds),
+            "budget": self.budget,
+            "fixed": list(self.fixed),
+            "search_space": [dataclasses.asdict(p) for p in self.params],
+        }
 
 
 def _optuna() -> Any:
@@ -236,7 +255,10 @@ def open_study(s: Settings, worker: int = 0) -> Any:
     optuna = _optuna()
     seed = None if s.sampler_seed is None else s.sampler_seed + worker  # parallel workers must not propose alike
     study = optuna.create_study(
-        study_name=s.study_name, storage=storage_of(s.storage), load_if_exists=True, direction=s.objective.direction,
+        study_name=s.study_name,
+        storage=storage_of(s.storage),
+        load_if_exists=True,
+        direction=s.objective.direction,
         sampler=optuna.samplers.TPESampler(n_startup_trials=s.startup_trials, seed=seed),
         pruner=optuna.pruners.MedianPruner(n_startup_trials=s.startup_trials, n_warmup_steps=s.warmup_steps),
     )
@@ -246,12 +268,16 @@ def open_study(s: Settings, worker: int = 0) -> Any:
         study.set_user_attr("tune", identity)
     elif recorded != identity:
         diff = [k for k in identity if recorded.get(k) != identity[k]]
-        raise VcbmGymError(f"study {s.study_name!r} in {s.storage!r} was created with other settings ({', '.join(diff)} "
-                           "differ): expected the same --algo, --env, seeds, budget, --hyperparams and search space, "
-                           "or another --study-name")
+        raise VcbmGymError(
+            f"study {s.study_name!r} in {s.storage!r} was created with other settings ({', '.join(diff)} "
+            "differ): expected the same --algo, --env, seeds, budget, --hyperparams and search space, "
+            "or another --study-name"
+        )
     if study.direction.name.lower() != s.objective.direction:
-        raise VcbmGymError(f"study {s.study_name!r} in {s.storage!r} is to {study.direction.name.lower()}: expected "
-                           f"{s.objective.direction} for algo {s.algo!r}")
+        raise VcbmGymError(
+            f"study {s.study_name!r} in {s.storage!r} is to {study.direction.name.lower()}: expected "
+            f"{s.objective.direction} for algo {s.algo!r}"
+        )
     return study
 
 
@@ -349,8 +375,10 @@ def _final_rate(log_dir: Path, window: int) -> float:
     entries = json.loads((log_dir / "history.json").read_text())
     rates = [float(e["task_goal_completion"]) for e in entries if "task_goal_completion" in e]
     if not rates:
-        raise VcbmGymError(f"run {str(log_dir)!r} logged no task_goal_completion: expected an env that reports it "
-                           "(the embedded text envs, AppWorld-v0)")
+        raise VcbmGymError(
+            f"run {str(log_dir)!r} logged no task_goal_completion: expected an env that reports it "
+            "(the embedded text envs, AppWorld-v0)"
+        )
     tail = rates[-window:]
     return sum(tail) / len(tail)
 
@@ -359,8 +387,9 @@ def run_value(s: Settings, summary: dict[str, Any], log_dir: Path) -> float:
     if s.arm == "llm":
         return _final_rate(log_dir, s.final_window)
     if summary.get("converged") is None:  # the env reported no first_decision_optimal (null convergence fields)
-        raise convergence.no_criterion_error(s.env, f"seed {summary.get('seed')}'s summary has converged null",
-                                             "tune minimises episodes to converge")
+        raise convergence.no_criterion_error(
+            s.env, f"seed {summary.get('seed')}'s summary has converged null", "tune minimises episodes to converge"
+        )
     return float(summary["episodes_to_converge"] if summary["converged"] else summary["episodes_run"])
 
 
@@ -373,8 +402,22 @@ def evaluate(trial: Any, s: Settings) -> float:
     results = []
     for index, seed in enumerate(s.seeds):
         log_dir = Path(s.out) / s.study_name / f"trial{trial.number}" / f"seed{seed}"
-        argv = ["--algo", s.algo, "--env", s.env, "--seed", str(seed), "--log-dir", str(log_dir), "--no-progress",
-                "--overwrite", *s.budget_flag, "--hyperparams", *s.fixed, *overrides]
+        argv = [
+            "--algo",
+            s.algo,
+            "--env",
+            s.env,
+            "--seed",
+            str(seed),
+            "--log-dir",
+            str(log_dir),
+            "--no-progress",
+            "--overwrite",
+            *s.budget_flag,
+            "--hyperparams",
+            *s.fixed,
+            *overrides,
+        ]
         reporter = Reporter(trial, s.objective, s.report_every) if index == 0 else None
         summary = train(argv, report=reporter)
         if reporter is not None:
@@ -493,10 +536,18 @@ def best_snippet(study: Any, s: Settings) -> str:
 
 
 def trials_record(study: Any) -> list[dict[str, Any]]:
-    return [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
-             "user_attrs": {k: v for k, v in t.user_attrs.items()},
-             "duration_s": t.duration.total_seconds() if t.duration else None,
-             "last_step": t.last_step} for t in study.trials]
+    return [
+        {
+            "number": t.number,
+            "state": t.state.name,
+            "value": t.value,
+            "params": t.params,
+            "user_attrs": {k: v for k, v in t.user_attrs.items()},
+            "duration_s": t.duration.total_seconds() if t.duration else None,
+            "last_step": t.last_step,
+        }
+        for t in study.trials
+    ]
 
 
 def plot_study(study: Any, out: Path) -> list[Path]:
@@ -510,8 +561,10 @@ def plot_study(study: Any, out: Path) -> list[Path]:
     written = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the matplotlib backends are marked experimental
-        for name, draw in (("study_history.png", ovm.plot_optimization_history), ("study_intermediate.png",
-                                                                                   ovm.plot_intermediate_values)):
+        for name, draw in (
+            ("study_history.png", ovm.plot_optimization_history),
+            ("study_intermediate.png", ovm.plot_intermediate_values),
+        ):
             ax = draw(study)
             fig = ax.figure
             fig.set_size_inches(8, 4.5)
@@ -537,8 +590,9 @@ def build_parser() -> cli.ArgumentParser:
     parser.add_argument("--out", default=None, help="output dir (default: runs/tune/<algo>/<env>)")
     parser.add_argument("--storage", default=None, help="journal file of the study (default: OUT/study.journal)")
     parser.add_argument("--study-name", default=None, help="default: <algo>-<env>")
-    parser.add_argument("--report-every", type=int, default=None,
-                        help="episodes between intermediate values (default 100; LLM: every iteration)")
+    parser.add_argument(
+        "--report-every", type=int, default=None, help="episodes between intermediate values (default 100; LLM: every iteration)"
+    )
     parser.add_argument("--warmup-steps", type=int, default=None, help="no pruning before (default: a tenth of the budget)")
     parser.add_argument("--startup-trials", type=int, default=5, help="random trials before TPE, and before pruning")
     parser.add_argument("--final-window", type=int, default=5, help="LLM: iterations averaged for the objective")
@@ -585,8 +639,7 @@ def resolve_settings(args: Any) -> tuple[Settings, dict[str, Any]]:
     params = load_search_space(args.algo, args.search_space)
     fixed = tuple(args.hyperparams)
     parse_overrides(fixed)  # malformed items: one line now
-    base_argv = ["--algo", args.algo, "--env", args.env, "--seed", str(args.seed_start), *budget_flag,
-                 "--hyperparams", *fixed]
+    base_argv = ["--algo", args.algo, "--env", args.env, "--seed", str(args.seed_start), *budget_flag, "--hyperparams", *fixed]
     try:
         base = resolve_argv(base_argv).hyperparams
         for param in params:  # every edge of every searched value must be accepted by the runner
@@ -605,12 +658,23 @@ def resolve_settings(args: Any) -> tuple[Settings, dict[str, Any]]:
     out = Path(args.out or Path("runs") / "tune" / args.algo / args.env)
     storage = Path(args.storage) if args.storage else out / "study.journal"
     settings = Settings(
-        algo=args.algo, env=args.env, arm=arm, trials=args.trials,
-        seeds=tuple(range(args.seed_start, args.seed_start + args.seeds_per_trial)), budget=budget,
-        report_every=report_every, warmup_steps=warmup, startup_trials=args.startup_trials,
-        final_window=args.final_window, sampler_seed=args.sampler_seed,
-        study_name=args.study_name or f"{args.algo}-{args.env}", storage=str(storage.resolve()), out=str(out.resolve()),
-        params=tuple(params), base=base, fixed=fixed,
+        algo=args.algo,
+        env=args.env,
+        arm=arm,
+        trials=args.trials,
+        seeds=tuple(range(args.seed_start, args.seed_start + args.seeds_per_trial)),
+        budget=budget,
+        report_every=report_every,
+        warmup_steps=warmup,
+        startup_trials=args.startup_trials,
+        final_window=args.final_window,
+        sampler_seed=args.sampler_seed,
+        study_name=args.study_name or f"{args.algo}-{args.env}",
+        storage=str(storage.resolve()),
+        out=str(out.resolve()),
+        params=tuple(params),
+        base=base,
+        fixed=fixed,
         budget_flag=budget_flag,
     )
     return settings, base
@@ -627,13 +691,21 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config = {
         **{k: v for k, v in dataclasses.asdict(settings).items() if k not in ("params", "base")},
         "objective": dataclasses.asdict(objective),
-        "search_space": {p.name: {k: v for k, v in dataclasses.asdict(p).items() if k != "name" and v not in (None, False)}
-                         for p in settings.params},
+        "search_space": {
+            p.name: {k: v for k, v in dataclasses.asdict(p).items() if k != "name" and v not in (None, False)}
+            for p in settings.params
+        },
         "sampler": {"name": "TPESampler", "n_startup_trials": settings.startup_trials, "seed": settings.sampler_seed},
-        "pruner": {"name": "MedianPruner", "n_startup_trials": settings.startup_trials,
-                   "n_warmup_steps": settings.warmup_steps, "step": "episodes (LLM: iterations) of the first seed"},
+        "pruner": {
+            "name": "MedianPruner",
+            "n_startup_trials": settings.startup_trials,
+            "n_warmup_steps": settings.warmup_steps,
+            "step": "episodes (LLM: iterations) of the first seed",
+        },
         "base_hyperparams": base,
-        "backend": args.backend, "address": args.address, "workers": args.workers,
+        "backend": args.backend,
+        "address": args.address,
+        "workers": args.workers,
         **started.environment,
     }
     cli.atomic_write_text(out / "tune_config.yml", yaml.safe_dump(_jsonable(config), sort_keys=False))
@@ -645,27 +717,48 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if not complete:
         states = {t.state.name for t in study.trials}
-        raise VcbmGymError(f"study {settings.study_name!r} has no complete trial ({len(study.trials)} trial(s): "
-                           f"{', '.join(sorted(states))}); see {str(out / 'trials.json')!r}")
+        raise VcbmGymError(
+            f"study {settings.study_name!r} has no complete trial ({len(study.trials)} trial(s): "
+            f"{', '.join(sorted(states))}); see {str(out / 'trials.json')!r}"
+        )
     snippet = best_snippet(study, settings)
     cli.atomic_write_text(out / "best.yml", snippet)
     plots = plot_study(study, out)
     best = study.best_trial
     counts = {state: sum(1 for t in study.trials if t.state.name == state) for state in ("COMPLETE", "PRUNED", "FAIL")}
-    provenance.write_run_record(out, "python -m algorithms.tune", argv, started, trials_run_here=ran,
-                                study_trials=len(study.trials), states=counts, best_trial=best.number,
-                                best_value=best.value, best_params=best.params)
-    print(f"{len(study.trials)} trial(s) in study {settings.study_name!r} ({ran} run by this command): "
-          f"{counts['COMPLETE']} complete, {counts['PRUNED']} pruned, {counts['FAIL']} failed")
+    provenance.write_run_record(
+        out,
+        "python -m algorithms.tune",
+        argv,
+        started,
+        trials_run_here=ran,
+        study_trials=len(study.trials),
+        states=counts,
+        best_trial=best.number,
+        best_value=best.value,
+        best_params=best.params,
+    )
+    print(
+        f"{len(study.trials)} trial(s) in study {settings.study_name!r} ({ran} run by this command): "
+        f"{counts['COMPLETE']} complete, {counts['PRUNED']} pruned, {counts['FAIL']} failed"
+    )
     running = len(study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)))
     if running:
-        print(f"{running} trial(s) still running in other processes: best.yml holds the best finished trial; "
-              "the last process to finish writes the final one")
+        print(
+            f"{running} trial(s) still running in other processes: best.yml holds the best finished trial; "
+            "the last process to finish writes the final one"
+        )
     print(f"best: trial {best.number}, {objective.direction} {objective.name} = {best.value:.6g}")
     print(snippet, end="")
     print(f"wrote {out / 'best.yml'}, {out / 'trials.json'}, {', '.join(str(p) for p in plots)}, {out / 'tune_config.yml'}")
-    return {"best_value": best.value, "best_params": best.params, "best_trial": best.number, "trials": len(study.trials),
-            "ran": ran, "states": counts}
+    return {
+        "best_value": best.value,
+        "best_params": best.params,
+        "best_trial": best.number,
+        "trials": len(study.trials),
+        "ran": ran,
+        "states": counts,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -24,9 +24,7 @@ from envs.appworld.pool import AppWorldServerPool, default_root, default_venv
 def play(env: AppWorldEnv, root: Path, task_ids: list[str]) -> tuple[list[float], list[float]]:
     steps, evaluations = [], []
     for task_id in task_ids:
-        cells = json.loads(
-            (root / "data" / "tasks" / task_id / "ground_truth" / "solution_cells.json").read_text()
-        )
+        cells = json.loads((root / "data" / "tasks" / task_id / "ground_truth" / "solution_cells.json").read_text())
         env.reset(options={"task_id": task_id})
         for cell in ["print(1)", *cells]:
             start = time.perf_counter()
@@ -66,17 +64,12 @@ def main() -> None:
     step = {name: statistics.median(value[0]) * 1e3 for name, value in times.items()}
     final = {name: statistics.median(value[1]) * 1e3 for name, value in times.items()}
     print(f"{'':28}{'sandbox':>12}{'no sandbox':>12}{'ratio':>8}")
-    print(
-        f"{'median step (ms)':28}{step['sandbox']:12.1f}{step['no sandbox']:12.1f}"
-        f"{step['sandbox'] / step['no sandbox']:8.2f}"
-    )
+    print(f"{'median step (ms)':28}{step['sandbox']:12.1f}{step['no sandbox']:12.1f}{step['sandbox'] / step['no sandbox']:8.2f}")
     print(
         f"{'median last step + eval (ms)':28}{final['sandbox']:12.1f}{final['no sandbox']:12.1f}"
         f"{final['sandbox'] / final['no sandbox']:8.2f}"
     )
-    print(
-        f"steps timed: {len(times['sandbox'][0])} per setting, {len(task_ids)} dev tasks x {args.rounds} rounds"
-    )
+    print(f"steps timed: {len(times['sandbox'][0])} per setting, {len(task_ids)} dev tasks x {args.rounds} rounds")
 
 
 if __name__ == "__main__":

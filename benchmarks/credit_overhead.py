@@ -38,8 +38,12 @@ def paper_sized_batch(rng: np.random.Generator, tasks=8, k=6, turns=20, gen_toke
         flags.append(f)
         texts.append([" ".join(rng.choice(WORDS, 50)) + f" {rng.integers(1e6)}" for _ in range(turns)])
     return EpisodeBatch(
-        rewards=rewards, mask=mask, group_ids=np.repeat(np.arange(tasks), k), step_turn=step_turn,
-        turn_flags={"state_mutating": flags}, turn_texts=texts,
+        rewards=rewards,
+        mask=mask,
+        group_ids=np.repeat(np.arange(tasks), k),
+        step_turn=step_turn,
+        turn_flags={"state_mutating": flags},
+        turn_texts=texts,
         final_texts=[" ".join(rng.choice(WORDS, 80)) for _ in range(b)],
     )
 
@@ -61,12 +65,30 @@ def main() -> None:
     from algorithms.train import run
 
     with tempfile.TemporaryDirectory() as log_dir:
-        summary = run(["--algo", "vcbm-loop", "--env", "TextWatchRepair-v0", "--model", "tiny", "--no-progress",
-                       "--iterations", str(args.iterations), "--log-dir", log_dir, "--hyperparams",
-                       f"generation_batch_size={args.rollouts}", "num_generations=4", "per_device_train_batch_size=4"])
+        summary = run(
+            [
+                "--algo",
+                "vcbm-loop",
+                "--env",
+                "TextWatchRepair-v0",
+                "--model",
+                "tiny",
+                "--no-progress",
+                "--iterations",
+                str(args.iterations),
+                "--log-dir",
+                log_dir,
+                "--hyperparams",
+                f"generation_batch_size={args.rollouts}",
+                "num_generations=4",
+                "per_device_train_batch_size=4",
+            ]
+        )
     iteration_s, credit_s = summary["mean_iteration_time_s"], summary["mean_credit_time_s"]
-    print(f"tiny CPU iteration (TextWatchRepair-v0, {args.rollouts} rollouts): {iteration_s:.3f} s; credit {credit_s * 1e3:.2f} ms "
-          f"-> {100 * credit_s / iteration_s:.3f}% of the iteration (target < 1%)")
+    print(
+        f"tiny CPU iteration (TextWatchRepair-v0, {args.rollouts} rollouts): {iteration_s:.3f} s; credit {credit_s * 1e3:.2f} ms "
+        f"-> {100 * credit_s / iteration_s:.3f}% of the iteration (target < 1%)"
+    )
 
     rng = np.random.default_rng(0)
     rule = VCBMBlendRule(beta=1.0, tau=0.5, top_k=6, alpha=0.05, memory_capacity=10_000)
@@ -79,9 +101,11 @@ def main() -> None:
         credit_step(rule, batch)
         times.append(time.perf_counter() - start)
     median = float(np.median(times))
-    print(f"48-rollout batch (20 turns, 10 bookmarks each, {batch.rewards.shape[1]} tokens wide), "
-          f"{len(rule.memory)} stored memories (capacity 10,000): credit {median * 1e3:.1f} ms (median of {args.repeats}) "
-          f"-> {100 * median / iteration_s:.2f}% of the tiny CPU iteration above")
+    print(
+        f"48-rollout batch (20 turns, 10 bookmarks each, {batch.rewards.shape[1]} tokens wide), "
+        f"{len(rule.memory)} stored memories (capacity 10,000): credit {median * 1e3:.1f} ms (median of {args.repeats}) "
+        f"-> {100 * median / iteration_s:.2f}% of the tiny CPU iteration above"
+    )
 
 
 if __name__ == "__main__":

@@ -62,8 +62,23 @@ def _argv(setting: str, method: str, seed: int, iterations: int, log_dir: Path) 
     # of its default 6 and changes nothing about the decision; the workshop keeps its 8 stations
     key = "max_turns" if env_id == "TextWatchRepair-v0" else "n_stations"
     turns = 3 if env_id == "TextWatchRepair-v0" else 8
-    return ["--algo", method, "--env", env_id, "--seed", str(seed), "--model", "tiny", "--iterations", str(iterations),
-            "--no-progress", "--log-dir", str(log_dir), "--hyperparams", f"env_kwargs={{{key}: {turns}, noise_scale: {noise}}}"]
+    return [
+        "--algo",
+        method,
+        "--env",
+        env_id,
+        "--seed",
+        str(seed),
+        "--model",
+        "tiny",
+        "--iterations",
+        str(iterations),
+        "--no-progress",
+        "--log-dir",
+        str(log_dir),
+        "--hyperparams",
+        f"env_kwargs={{{key}: {turns}, noise_scale: {noise}}}",
+    ]
 
 
 def _one_run(argv: list[str], log_dir: str) -> dict:
@@ -148,8 +163,10 @@ def table(results: dict, window: int, wall_s: float) -> str:
         if "mann_whitney_vcbm_vs_loop" in r:
             mw = r["mann_whitney_vcbm_vs_loop"]
             p = "undefined (every value tied)" if mw["p"] is None else f"{mw['p']:.3g}"
-            lines.append(f"- {setting}: Mann-Whitney U (vcbm-loop vs loop, iterations to 90%, censored at the budget) "
-                         f"U = {mw['U']}, p = {p}")
+            lines.append(
+                f"- {setting}: Mann-Whitney U (vcbm-loop vs loop, iterations to 90%, censored at the budget) "
+                f"U = {mw['U']}, p = {p}"
+            )
     lines.append(f"- wall time {wall_s / 60:.1f} min")
     return "\n".join(lines) + "\n"
 
@@ -193,8 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="runs/llm_learning")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.workers < 1 or args.window < 1 or (args.iterations is not None and args.iterations < args.window):
-        parser.error(f"--seeds {args.seeds}, --workers {args.workers}, --window {args.window}, --iterations "
-                     f"{args.iterations}: expected positive numbers and iterations >= window")
+        parser.error(
+            f"--seeds {args.seeds}, --workers {args.workers}, --window {args.window}, --iterations "
+            f"{args.iterations}: expected positive numbers and iterations >= window"
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -218,8 +237,11 @@ def main(argv: list[str] | None = None) -> int:
             result = future.result()
             histories[setting][method][seed] = result["history"]
             final = result["history"][-1].get("task_goal_completion", float("nan"))
-            print(f"[{done}/{len(jobs)}] {setting} {method} seed {seed}: final optimal rate {final:.2f}"
-                  f"{' (reused)' if result['reused'] else ''}", flush=True)
+            print(
+                f"[{done}/{len(jobs)}] {setting} {method} seed {seed}: final optimal rate {final:.2f}"
+                f"{' (reused)' if result['reused'] else ''}",
+                flush=True,
+            )
     wall = time.perf_counter() - start
     results = summarise(histories, args.window)
     payload = {"settings": results, "seeds": args.seeds, "window": args.window, "target": TARGET, "wall_time_s": wall}

@@ -50,10 +50,12 @@ def _seconds(value: Any) -> str:
 def provenance(record: dict[str, Any] | None, wall_time_s: Any = None, extra: list[tuple[str, str]] | None = None) -> str:
     """The command / commit / wall-time table of one section."""
     wall = record.get("wall_time_s") if record else wall_time_s
-    rows = [("command", f"`{record['command']}`" if record and record.get("command") else NOT_RECORDED),
-            ("commit", _commit(record)),
-            ("wall time", _seconds(wall)),
-            *(extra or [])]
+    rows = [
+        ("command", f"`{record['command']}`" if record and record.get("command") else NOT_RECORDED),
+        ("commit", _commit(record)),
+        ("wall time", _seconds(wall)),
+        *(extra or []),
+    ]
     return "\n".join(["| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows]]) + "\n"
 
 
@@ -65,9 +67,14 @@ def compare_section(title: str, directory: Path, how: str) -> str:
         return f"## {title}\n\nNot produced yet: run `{how}`.\n"
     extra = []
     if record:
-        extra = [("runs", f"{record['runs']} ({record['runs_reused']} reused from an earlier invocation, "
-                          f"{record['runs_run']} run by this one; backend {record['backend']})"),
-                 ("run time summed over runs", _seconds(record.get("run_time_s_sum")))]
+        extra = [
+            (
+                "runs",
+                f"{record['runs']} ({record['runs_reused']} reused from an earlier invocation, "
+                f"{record['runs_run']} run by this one; backend {record['backend']})",
+            ),
+            ("run time summed over runs", _seconds(record.get("run_time_s_sum"))),
+        ]
     figures = [name for name in ("figure.png", "curves.png") if (directory / name).is_file()]
     links = " ".join(f"![{name}](results/{directory.name}/{name})" for name in figures)
     return f"## {title}\n\n{provenance(record, extra=extra)}\n{table_markdown(results)}\n{links}\n"
@@ -88,13 +95,20 @@ def llm_section(directory: Path) -> str:
         own = directory / "results.md"
         if not own.is_file():
             raise
-        table = (f"(The benchmark's table function does not read this results.json ({type(exc).__name__}: {exc}); "
-                 "its own results.md, written with it, follows.)\n\n" + own.read_text())
-    note = ("" if record else "\nThe benchmark's results.json records its wall time (of its last invocation: runs it "
-            "reused are not counted) but not its command or commit.\n")
+        table = (
+            f"(The benchmark's table function does not read this results.json ({type(exc).__name__}: {exc}); "
+            "its own results.md, written with it, follows.)\n\n" + own.read_text()
+        )
+    note = (
+        ""
+        if record
+        else "\nThe benchmark's results.json records its wall time (of its last invocation: runs it "
+        "reused are not counted) but not its command or commit.\n"
+    )
     curves = f"\n![curves](results/{directory.name}/curves.png)\n" if (directory / "curves.png").is_file() else ""
-    return (f"## {title}\n\n{provenance(record, wall, [('seeds', str(results.get('seeds', NOT_RECORDED)))])}{note}\n"
-            f"{table}{curves}")
+    return (
+        f"## {title}\n\n{provenance(record, wall, [('seeds', str(results.get('seeds', NOT_RECORDED)))])}{note}\n{table}{curves}"
+    )
 
 
 def fidelity_section(directory: Path) -> str:
@@ -103,8 +117,10 @@ def fidelity_section(directory: Path) -> str:
     fidelity, record = _read(directory / "fidelity.json"), _read(directory / "run.json")
     title = "CASI credit fidelity (SetRetrieval-v0)"
     if fidelity is None:
-        return (f"## {title}\n\nNot produced yet: run `python -m algorithms.credit_fidelity --env SetRetrieval-v0 "
-                "--requests 1000 --train --out benchmarks/results/credit_fidelity`.\n")
+        return (
+            f"## {title}\n\nNot produced yet: run `python -m algorithms.credit_fidelity --env SetRetrieval-v0 "
+            "--requests 1000 --train --out benchmarks/results/credit_fidelity`.\n"
+        )
     training = _read(directory / "training.json")
     body = fidelity_markdown(fidelity) + ("\n" + training_markdown(training) if training else "")
     return f"## {title}\n\n{provenance(record)}\n{body}"
@@ -112,16 +128,20 @@ def fidelity_section(directory: Path) -> str:
 
 def render(results_dir: Path) -> str:
     sections = [
-        compare_section("Table II: VCBM vs RUDDER on WatchRepair-v0", results_dir / "table2",
-                        "bash benchmarks/compare_watch_repair.sh"),
-        compare_section("SB3 PPO with credit rules on WatchRepair-v0", results_dir / "sb3_credit",
-                        "bash benchmarks/sb3_credit.sh"),
+        compare_section(
+            "Table II: VCBM vs RUDDER on WatchRepair-v0", results_dir / "table2", "bash benchmarks/compare_watch_repair.sh"
+        ),
+        compare_section(
+            "SB3 PPO with credit rules on WatchRepair-v0", results_dir / "sb3_credit", "bash benchmarks/sb3_credit.sh"
+        ),
         llm_section(results_dir / "llm_learning"),
         fidelity_section(results_dir / "credit_fidelity"),
     ]
-    header = ("# Published results\n\nGenerated by `python benchmarks/make_results.py` from the JSON outputs under "
-              "`benchmarks/results/`; do not edit by hand. Each section gives the command, the commit and the wall time "
-              "that its outputs record.\n")
+    header = (
+        "# Published results\n\nGenerated by `python benchmarks/make_results.py` from the JSON outputs under "
+        "`benchmarks/results/`; do not edit by hand. Each section gives the command, the commit and the wall time "
+        "that its outputs record.\n"
+    )
     return header + "\n" + "\n".join(sections)
 
 

@@ -55,7 +55,9 @@ def main() -> None:
         for features, lengths, returns in batches:
             x = torch.as_tensor(features, dtype=torch.float64)
             predictions = model.readout(forward(x)).squeeze(-1)
-            loss, _, _ = rudder_loss(predictions, torch.as_tensor(returns / cfg.reward_scale), torch.as_tensor(lengths), cfg.aux_loss_weight)
+            loss, _, _ = rudder_loss(
+                predictions, torch.as_tensor(returns / cfg.reward_scale), torch.as_tensor(lengths), cfg.aux_loss_weight
+            )
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -75,13 +77,13 @@ def main() -> None:
     autograd_fn, m2 = torch_steps("cell_states")
     hand, m3 = numpy_steps()
     diff = max(
-        float((a.detach() - b.detach()).abs().max())
-        for other in (m2, m3)
-        for a, b in zip(m1.parameters(), other.parameters())
+        float((a.detach() - b.detach()).abs().max()) for other in (m2, m3) for a, b in zip(m1.parameters(), other.parameters())
     )
     print(f"{args.steps} Adam steps, batch {cfg.batch_size} x {horizon} steps, {args.threads} thread(s)")
     print(f"torch autograd, step-by-step recurrence : {autograd_loop * 1e3:8.2f} ms/step  (1.00x)")
-    print(f"torch autograd, hand BPTT Function      : {autograd_fn * 1e3:8.2f} ms/step  ({autograd_loop / autograd_fn:.2f}x faster)")
+    print(
+        f"torch autograd, hand BPTT Function      : {autograd_fn * 1e3:8.2f} ms/step  ({autograd_loop / autograd_fn:.2f}x faster)"
+    )
     print(f"numpy loss_and_gradients + adam_step    : {hand * 1e3:8.2f} ms/step  ({autograd_loop / hand:.2f}x faster)")
     print(f"largest parameter difference after {args.steps} steps: {diff:.2e}")
 

@@ -98,7 +98,9 @@ def plain_vcbm(seed: int, max_episodes: int = 20_000) -> int | None:
             nxt[2] += int(bumps[0, 1])
             nxt[4] += 1
             if nxt[4] == T and nxt[0] == 1:
-                ret += PRICE[s[3]] - env_rng.normal(TRANSPORT_MEAN[s[3]], TRANSPORT_SD) - (nxt[1] * PENALTY[0] + nxt[2] * PENALTY[1])
+                ret += (
+                    PRICE[s[3]] - env_rng.normal(TRANSPORT_MEAN[s[3]], TRANSPORT_SD) - (nxt[1] * PENALTY[0] + nxt[2] * PENALTY[1])
+                )
             taken[a] += 1
             for i in range(5):
                 if s[i] != nxt[i]:
@@ -120,7 +122,9 @@ def plain_vcbm(seed: int, max_episodes: int = 20_000) -> int | None:
                         roles.append("controlled" if z > 4.0 else "noise")
                 ctx_idx = [i for i, r in enumerate(roles) if r in ("controlled", "clock")]
                 key_idx = [i for i, r in enumerate(roles) if r != "noise"]
-                contexts = {tuple(st[j] for j in ctx_idx) for i, r in enumerate(roles) if r == "controlled" for st in pre_change[i]}
+                contexts = {
+                    tuple(st[j] for j in ctx_idx) for i, r in enumerate(roles) if r == "controlled" for st in pre_change[i]
+                }
             s = nxt
         for key_action in visits:  # Welford (Eq. 11)
             w = values[key_action]
@@ -186,7 +190,9 @@ def main() -> None:
     steps = args.env_episodes * T
     made, bare, plain = zip(*(env_steps(args.env_episodes) for _ in range(args.repeats)))
     made, bare, plain = statistics.median(made), statistics.median(bare), statistics.median(plain)
-    print(f"env steps/s (CPU): gym.make {steps / made:,.0f}   bare env {steps / bare:,.0f}   bare numpy loop {steps / plain:,.0f}")
+    print(
+        f"env steps/s (CPU): gym.make {steps / made:,.0f}   bare env {steps / bare:,.0f}   bare numpy loop {steps / plain:,.0f}"
+    )
     print(
         f"  ratio gym.make / bare loop = {plain / made:.2f}x rate   "
         f"bare env / bare loop = {plain / bare:.2f}x rate   (target >= 0.5x)"
@@ -197,12 +203,36 @@ def main() -> None:
     project_eps, plain_eps = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         # warm-up: the first train.run imports the runner and the event-file protobufs
-        run(["--algo", "vcbm", "--env", "WatchRepair-v0", "--seed", "0", "--log-dir", f"{tmp}/w", "--no-progress", "--max-episodes", "3"])
+        run(
+            [
+                "--algo",
+                "vcbm",
+                "--env",
+                "WatchRepair-v0",
+                "--seed",
+                "0",
+                "--log-dir",
+                f"{tmp}/w",
+                "--no-progress",
+                "--max-episodes",
+                "3",
+            ]
+        )
         for repeat in range(args.repeats):  # seed by seed, project then plain, so both see the same load
             single.append(0.0)
             reference.append(0.0)
             for k in seeds:
-                argv = ["--algo", "vcbm", "--env", "WatchRepair-v0", "--seed", str(k), "--log-dir", f"{tmp}/r{repeat}/s{k}", "--no-progress"]
+                argv = [
+                    "--algo",
+                    "vcbm",
+                    "--env",
+                    "WatchRepair-v0",
+                    "--seed",
+                    str(k),
+                    "--log-dir",
+                    f"{tmp}/r{repeat}/s{k}",
+                    "--no-progress",
+                ]
                 t, summary = cpu(run, argv)
                 single[-1] += t
                 project_eps[k] = summary["episodes_to_converge"]

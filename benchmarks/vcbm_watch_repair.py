@@ -22,7 +22,20 @@ def _one(job: tuple[int, str]) -> dict:
     from algorithms.train import run  # tabular VCBM imports no torch
 
     seed, out = job
-    return run(["--algo", "vcbm", "--env", "WatchRepair-v0", "--seed", str(seed), "--log-dir", f"{out}/seed{seed}", "--no-progress", "--overwrite"])
+    return run(
+        [
+            "--algo",
+            "vcbm",
+            "--env",
+            "WatchRepair-v0",
+            "--seed",
+            str(seed),
+            "--log-dir",
+            f"{out}/seed{seed}",
+            "--no-progress",
+            "--overwrite",
+        ]
+    )
 
 
 def main() -> None:

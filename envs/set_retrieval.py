@@ -81,8 +81,15 @@ class SetRetrievalParams:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise ValueError(f"{name}={value!r}: expected an integer")
-        for name in ("paraphrase_range", "coverage_prob", "coverage_range", "bonus_range", "eval_noise_sd",
-                     "eval_bias_sd", "feature_noise_sd"):
+        for name in (
+            "paraphrase_range",
+            "coverage_prob",
+            "coverage_range",
+            "bonus_range",
+            "eval_noise_sd",
+            "eval_bias_sd",
+            "feature_noise_sd",
+        ):
             value = getattr(self, name)
             try:
                 finite = bool(np.all(np.isfinite(np.asarray(value, dtype=float))))
@@ -94,24 +101,25 @@ class SetRetrievalParams:
             if len(getattr(self, name)) != 2:
                 raise ValueError(f"{name}={getattr(self, name)!r}: expected a (low, high) pair")
         if not 1 <= self.set_size <= self.pool_size <= 16:
-            raise ValueError(
-                f"set_size={self.set_size}, pool_size={self.pool_size}: expected 1 <= set_size <= pool_size <= 16"
-            )
+            raise ValueError(f"set_size={self.set_size}, pool_size={self.pool_size}: expected 1 <= set_size <= pool_size <= 16")
         if self.n_facets < 1 or self.n_intents < 1:
             raise ValueError(f"n_facets={self.n_facets}, n_intents={self.n_intents}: expected >= 1 each")
         for pair in self.complementary_intents:
             if len(pair) != 2 or pair[0] == pair[1] or not all(0 <= x < self.n_intents for x in pair):
-                raise ValueError(f"complementary_intents entry {pair}: expected two different intents in "
-                                 f"[0, {self.n_intents})")
+                raise ValueError(f"complementary_intents entry {pair}: expected two different intents in [0, {self.n_intents})")
         lo, hi = self.coverage_range
         if not 0 <= lo <= hi < 1 or not 0 <= self.coverage_prob <= 1:
-            raise ValueError(f"coverage_range={self.coverage_range}, coverage_prob={self.coverage_prob}: "
-                             "expected 0 <= lo <= hi < 1 and a probability")
+            raise ValueError(
+                f"coverage_range={self.coverage_range}, coverage_prob={self.coverage_prob}: "
+                "expected 0 <= lo <= hi < 1 and a probability"
+            )
         if not 0 < self.paraphrase_range[0] <= self.paraphrase_range[1] <= 1:
             raise ValueError(f"paraphrase_range={self.paraphrase_range}: expected 0 < lo <= hi <= 1")
         if min(self.eval_noise_sd, self.eval_bias_sd, self.feature_noise_sd) < 0:
-            raise ValueError(f"eval_noise_sd={self.eval_noise_sd!r}, eval_bias_sd={self.eval_bias_sd!r}, "
-                             f"feature_noise_sd={self.feature_noise_sd!r}: expected values >= 0")
+            raise ValueError(
+                f"eval_noise_sd={self.eval_noise_sd!r}, eval_bias_sd={self.eval_bias_sd!r}, "
+                f"feature_noise_sd={self.feature_noise_sd!r}: expected values >= 0"
+            )
         if not 0 <= self.bonus_range[0] <= self.bonus_range[1]:
             raise ValueError(f"bonus_range={self.bonus_range}: expected 0 <= lo <= hi")
 
@@ -120,8 +128,9 @@ class SetRetrievalParams:
         return 2 * self.n_facets + self.n_intents
 
 
-def _set_values(masks: np.ndarray, weights: np.ndarray, coverage: np.ndarray, intents: np.ndarray,
-                pairs: np.ndarray, bonus: np.ndarray) -> np.ndarray:
+def _set_values(
+    masks: np.ndarray, weights: np.ndarray, coverage: np.ndarray, intents: np.ndarray, pairs: np.ndarray, bonus: np.ndarray
+) -> np.ndarray:
     """v(S) for every bitmask in `masks` (vectorised over subsets)."""
     members = (masks[:, None] >> np.arange(len(coverage))[None, :]) & 1  # (n_masks, P)
     uncovered = np.exp(members @ np.log1p(-coverage))  # prod over members of (1 - c_ik)
@@ -242,8 +251,7 @@ class SetRetrievalEnv(gym.Env):
             raise RuntimeError("step() after the episode ended: call reset() first")
         self._done = True
         self._last_items = slots.tolist()
-        return self.request.features.copy(), float(self.request.snapshot_value(slots)), True, False, \
-            self._info(slots)
+        return self.request.features.copy(), float(self.request.snapshot_value(slots)), True, False, self._info(slots)
 
     def _info(self, slots: np.ndarray) -> dict[str, Any]:
         return {
@@ -264,21 +272,24 @@ class SetRetrievalEnv(gym.Env):
     def render(self):
         if self.render_mode == "ansi" and self.request is not None:
             return describe_request(self.request, self.params.set_size) + (
-                f"\nsubmitted: {self._last_items}" if self._last_items is not None else "")
+                f"\nsubmitted: {self._last_items}" if self._last_items is not None else ""
+            )
         return None
 
 
 def describe_request(request: SetRequest, set_size: int) -> str:
     """The prompt of the text form: facets, candidates c0..c{P-1} and the answer format."""
-    lines = ["Facets of the request (importance): " + ", ".join(
-        f"f{k} ({w:.2f})" for k, w in enumerate(request.weights))]
+    lines = ["Facets of the request (importance): " + ", ".join(f"f{k} ({w:.2f})" for k, w in enumerate(request.weights))]
     lines.append("Candidates:")
     k = len(request.weights)
     for i, row in enumerate(request.features):
         covered = ", ".join(f"f{f} ({row[f]:.2f})" for f in range(k) if row[f] > 0.05) or "nothing"
         lines.append(f"c{i} (intent {int(request.intents[i])}): covers {covered}")
-    lines.append(f"Answer with a comma-separated list of exactly {set_size} candidate ids, e.g. "
-                 + ", ".join(f"c{i}" for i in range(set_size)) + ".")
+    lines.append(
+        f"Answer with a comma-separated list of exactly {set_size} candidate ids, e.g. "
+        + ", ".join(f"c{i}" for i in range(set_size))
+        + "."
+    )
     return "\n".join(lines)
 
 

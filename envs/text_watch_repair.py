@@ -125,8 +125,7 @@ class TextWatchRepairEnv(WatchTextEnv):
             f"A customer brings in a {BRAND_NAMES[brand]} watch that has stopped. You may repair it now and "
             f"ship it to the buyer, or skip the repair and return it untouched. You have {self.max_turns} turns.\n"
             "Tools: repair() repairs and ships the watch (only your first decision counts); skip() declines the "
-            "repair; inspect() describes the watch and its costs; wait() lets time pass.\n"
-            + self._status()
+            "repair; inspect() describes the watch and its costs; wait() lets time pass.\n" + self._status()
         )
         return self._last_obs, self._info(False, "", "none", False)
 
@@ -146,9 +145,7 @@ class TextWatchRepairEnv(WatchTextEnv):
         elif effect == "wait":
             output = "You wait."
         else:
-            output = (
-                f"invalid action {_printable(text)!r}: expected one of repair(), skip(), inspect(), wait()."
-            )
+            output = f"invalid action {_printable(text)!r}: expected one of repair(), skip(), inspect(), wait()."
         terminated = self._turn >= self.max_turns
         if self._decision is not None and (not is_decision or terminated):
             output += " " + self._advance(final=terminated)
@@ -172,7 +169,8 @@ class TextWatchRepairEnv(WatchTextEnv):
     def _status(self) -> str:
         left = self.max_turns - self._turn
         # the brand closes every observation: the word the decision depends on sits next to the answer
-        return f"Turn {self._turn + 1} of {self.max_turns}; {left} turn{'s' if left != 1 else ''} left. Watch: {BRAND_NAMES[self._brand]}."
+        plural = "s" if left != 1 else ""
+        return f"Turn {self._turn + 1} of {self.max_turns}; {left} turn{plural} left. Watch: {BRAND_NAMES[self._brand]}."
 
     def _decide(self, effect: str) -> str:
         self._decision = effect

@@ -60,10 +60,22 @@ class WatchRepairParams:
     counter_penalties: Sequence[float] = (0.1, 7.0)
 
     def __post_init__(self) -> None:
-        if isinstance(self.horizon, bool) or not isinstance(self.horizon, (int, np.integer)) or not 1 <= self.horizon <= MAX_HORIZON:
+        if (
+            isinstance(self.horizon, bool)
+            or not isinstance(self.horizon, (int, np.integer))
+            or not 1 <= self.horizon <= MAX_HORIZON
+        ):
             raise ValueError(f"horizon={self.horizon!r}: expected an integer in [1, {MAX_HORIZON}]")
-        for name in ("brand_probs", "repair_cost_mean", "repair_cost_sd", "price", "transport_mean", "counter_probs",
-                     "counter_penalties", "transport_sd"):
+        for name in (
+            "brand_probs",
+            "repair_cost_mean",
+            "repair_cost_sd",
+            "price",
+            "transport_mean",
+            "counter_probs",
+            "counter_penalties",
+            "transport_sd",
+        ):
             _check_reals(name, getattr(self, name))
         n_brands = len(self.brand_probs)
         if n_brands < 1:

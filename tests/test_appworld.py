@@ -38,7 +38,9 @@ def appworld():
 
 
 def test_code_effect_is_the_normalised_api_calls():
-    a = code_from_action("```python\n# log in first\ntoken = apis.spotify.login(username='a',  password=\"b\")\nprint(token)\n```")
+    a = code_from_action(
+        "```python\n# log in first\ntoken = apis.spotify.login(username='a',  password=\"b\")\nprint(token)\n```"
+    )
     b = "x=apis.spotify.login(username=\"a\", password='b')   # same call\nprint(x)"
     assert code_effect(a) == code_effect(b) == "apis.spotify.login(username='a', password='b')"
     c = "print(apis.venmo.show_balance(access_token=apis.venmo.login(u='q')))"
@@ -53,9 +55,7 @@ def dev_task(name: str) -> str:
 
 
 def oracle_cells(root: Path, task_id: str) -> list[str]:
-    return json.loads(
-        (root / "data" / "tasks" / task_id / "ground_truth" / "solution_cells.json").read_text()
-    )
+    return json.loads((root / "data" / "tasks" / task_id / "ground_truth" / "solution_cells.json").read_text())
 
 
 def play(env, cells: list[str]):
@@ -90,8 +90,14 @@ def test_meets_the_env_contract_for_vcbm_loop_and_empo(appworld):
     env = gym.make("AppWorld-v0", split="dev", server_pool=pool)
     task_id = dev_task("create_note")
     cells = iter(oracle_cells(root, task_id))
-    report = check_contract(env, needs=("vcbm-loop", "--ratio-sharing effect"), episodes=1,
-                            policy=lambda _obs: next(cells), reset_options={"task_id": task_id}, check_api=False)
+    report = check_contract(
+        env,
+        needs=("vcbm-loop", "--ratio-sharing effect"),
+        episodes=1,
+        policy=lambda _obs: next(cells),
+        reset_options={"task_id": task_id},
+        check_api=False,
+    )
     assert {"state_mutating", "execution_output", "effect", "is_success"} <= report.reported
     env.close()
 
@@ -122,9 +128,7 @@ def test_state_mutating_comes_from_database_writes(appworld):
     _, _, _, _, login = env.step(synthetic.LOGIN_CELL)
     assert {"method": "POST", "app": "simple_note", "api": "login"} in login["api_calls"]
     assert login["state_mutating"] is False and login["db_writes"] == []
-    _, _, _, _, failed_delete = env.step(
-        "print(apis.simple_note.delete_note(access_token=token, note_id=987654))"
-    )
+    _, _, _, _, failed_delete = env.step("print(apis.simple_note.delete_note(access_token=token, note_id=987654))")
     assert {"method": "DELETE", "app": "simple_note", "api": "delete_note"} in failed_delete["api_calls"]
     assert failed_delete["state_mutating"] is False  # a DELETE that deletes nothing writes nothing
     obs, reward, terminated, _, create = env.step(

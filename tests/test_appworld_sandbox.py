@@ -123,12 +123,9 @@ def payloads(world) -> dict[str, str]:
     )
     return {
         # the issue's payloads, as written
-        "posix_spawn": (
-            f"import os\nos.posix_spawn('/bin/sh', ['sh', '-c', 'id > {m1}; env > {m2}'], dict(os.environ))"
-        ),
+        "posix_spawn": (f"import os\nos.posix_spawn('/bin/sh', ['sh', '-c', 'id > {m1}; env > {m2}'], dict(os.environ))"),
         "posix_spawn_unguarded": (
-            "os = __import__('os')\n"
-            f"os.posix_spawn('/bin/sh', ['sh', '-c', 'id > {m1}; env > {m2}'], dict(os.environ))"
+            f"os = __import__('os')\nos.posix_spawn('/bin/sh', ['sh', '-c', 'id > {m1}; env > {m2}'], dict(os.environ))"
         ),
         "subclass_walk_popen": (
             "__import__('subprocess')\n"
@@ -147,8 +144,7 @@ def payloads(world) -> dict[str, str]:
         "eval_base64": f"exec(__import__('base64').b64decode('{enc['b64']}'))",
         "eval_hex": f"exec(bytes.fromhex('{enc['hex']}').decode())",
         "eval_rot13": f"eval(compile(__import__('codecs').decode({enc['rot13']!r}, 'rot13'), 'x', 'exec'))",
-        "io_module": low
-        + f"io_open('{m1}', 'w').write('x')\n__import__('_io').FileIO('{m2}', 'w').write(b'x')",
+        "io_module": low + f"io_open('{m1}', 'w').write('x')\n__import__('_io').FileIO('{m2}', 'w').write(b'x')",
         "posix_module": low + f"write('{m1}')\nwrite('{m2}')",
         "posix_fork_exec": (
             "p = __import__('posix')\n"
@@ -157,9 +153,7 @@ def payloads(world) -> dict[str, str]:
             "p.waitpid(pid, 0)"
         ),
         "ctypes": (
-            "c = __import__('ctypes'); libc = c.CDLL(None)\n"
-            f"libc.system(b'touch {m1} {m2}')\n"
-            f"libc.open(b'{m1}', 0o101, 0o644)"
+            f"c = __import__('ctypes'); libc = c.CDLL(None)\nlibc.system(b'touch {m1} {m2}')\nlibc.open(b'{m1}', 0o101, 0o644)"
         ),
         "symlink_out_of_world": low
         + (
@@ -212,9 +206,7 @@ def payloads(world) -> dict[str, str]:
             "    except Exception as e: print(path, e)"
         ),
         "kill_everything": "__import__('posix').kill(-1, 9)",
-        "timer": (
-            f"__import__('threading').Timer(1.0, lambda: __import__('os').system('touch {m1} {m2}')).start()"
-        ),
+        "timer": (f"__import__('threading').Timer(1.0, lambda: __import__('os').system('touch {m1} {m2}')).start()"),
         "thread": low
         + (
             "def go():\n"
@@ -359,9 +351,7 @@ def test_output_is_capped_with_a_marker_and_surrogates_do_not_break_the_server(w
     limit = env.observation_space.max_length
     assert len(output) == limit and env.observation_space.contains(output)
     kept = output.index("\n[vcbm-gym: output truncated: ")
-    assert (
-        output[kept:] == f"\n[vcbm-gym: output truncated: {100_000_001 - kept} of 100000001 characters cut]"
-    )
+    assert output[kept:] == f"\n[vcbm-gym: output truncated: {100_000_001 - kept} of 100000001 characters cut]"
     assert set(output[:kept]) == {"x"}
     output = run(env, "print('\\udcff')")
     assert output == "\\udcff\n"
@@ -383,9 +373,7 @@ def test_spinning_payload_is_killed_and_the_next_reset_is_fast(world, spin):
     env.execution_timeout, env.request_timeout = 2, 3
     env.reset(options={"task_id": TASK})
     start = time.monotonic()
-    with pytest.raises(
-        AppWorldServerError, match="lost, call reset.*within 5 s .killed by the watchdog.*replaced"
-    ):
+    with pytest.raises(AppWorldServerError, match="lost, call reset.*within 5 s .killed by the watchdog.*replaced"):
         env.step(SPINS[spin])
     failed = time.monotonic()
     env.reset(options={"task_id": TASK})
@@ -410,9 +398,7 @@ def test_requests_without_the_pool_secret_are_refused(world):
         sock.connect(str(server.socket_path))
         connection = http.client.HTTPConnection("localhost")
         connection.sock = sock
-        connection.request(
-            "POST", "/execute", body=json.dumps({"task_id": TASK, "code": "print(1)"}), headers=headers
-        )
+        connection.request("POST", "/execute", body=json.dumps({"task_id": TASK, "code": "print(1)"}), headers=headers)
         assert connection.getresponse().status == 401
         connection.close()
 

@@ -109,10 +109,50 @@ def test_a_resumed_comparison_ends_with_the_same_results(tmp_path):
 
 
 # Fixed numbers: episodes to converge of 20 seeds each; two seeds of each method hit a 5,000-episode cap.
-EPISODES_A = [1195, 1199, 1199, 1200, 1200, 1201, 1202, 1202, 1203, 1203, 1204, 1205, 1206, 1207, 1209, 1211, 1230, 1407,
-              5000, 5000]
-EPISODES_B = [1389, 1500, 1700, 1887, 1950, 2010, 2100, 2256, 2256, 2300, 2500, 2686, 2900, 3100, 3365, 3600, 4000, 5000,
-              5000, 1200]
+EPISODES_A = [
+    1195,
+    1199,
+    1199,
+    1200,
+    1200,
+    1201,
+    1202,
+    1202,
+    1203,
+    1203,
+    1204,
+    1205,
+    1206,
+    1207,
+    1209,
+    1211,
+    1230,
+    1407,
+    5000,
+    5000,
+]
+EPISODES_B = [
+    1389,
+    1500,
+    1700,
+    1887,
+    1950,
+    2010,
+    2100,
+    2256,
+    2256,
+    2300,
+    2500,
+    2686,
+    2900,
+    3100,
+    3365,
+    3600,
+    4000,
+    5000,
+    5000,
+    1200,
+]
 
 
 def _direct_bootstrap(samples, statistic, n=40_000, seed=7):
@@ -139,8 +179,11 @@ def test_aggregate_estimates_match_a_direct_computation():
     agg = aggregate_estimates(EPISODES_A)
     assert agg["iqm"]["estimate"] == pytest.approx(np.sort(x)[5:15].mean()) == pytest.approx(1204.2)
     assert agg["median"]["estimate"] == 1203.5 and agg["mean"]["estimate"] == pytest.approx(x.mean())
-    for name, statistic, tolerance in (("iqm", _iqm_by_hand, 0.02), ("median", lambda v: np.median(v, axis=-1), 0.01),
-                                       ("mean", lambda v: v.mean(axis=-1), 0.03)):
+    for name, statistic, tolerance in (
+        ("iqm", _iqm_by_hand, 0.02),
+        ("median", lambda v: np.median(v, axis=-1), 0.01),
+        ("mean", lambda v: v.mean(axis=-1), 0.03),
+    ):
         low, high = _direct_bootstrap([x], statistic)
         assert agg[name]["ci_low"] <= agg[name]["estimate"] <= agg[name]["ci_high"]
         assert agg[name]["ci_low"] == pytest.approx(low, rel=tolerance), name
@@ -184,8 +227,12 @@ def test_results_and_table_give_iqm_and_probability_of_improvement_with_cis(tmp_
             job = Job(label, seed, tmp_path / label / f"seed{seed}", (), None)
             converged = n < 5000
             jobs.append(job)
-            summaries[job] = {"converged": converged, "episodes_to_converge": n if converged else None, "episodes_run": n,
-                              "final_correct_rate": 0.95}
+            summaries[job] = {
+                "converged": converged,
+                "episodes_to_converge": n if converged else None,
+                "episodes_run": n,
+                "final_correct_rate": 0.95,
+            }
     results = aggregate(args, jobs, summaries)
     vcbm = results["algos"]["vcbm"]["aggregate"]
     assert vcbm["iqm"]["estimate"] == pytest.approx(1204.2)
@@ -194,8 +241,10 @@ def test_results_and_table_give_iqm_and_probability_of_improvement_with_cis(tmp_
     assert poi["estimate"] == pytest.approx(_poi_by_hand(np.array(EPISODES_A, float), np.array(EPISODES_B, float)))
     table = table_markdown(results)
     iqm = vcbm["iqm"]
-    assert f"| vcbm | 1,203.5 [{vcbm['median']['ci_low']:,.1f}, {vcbm['median']['ci_high']:,.1f}] | " \
-           f"1,204.2 [{iqm['ci_low']:,.1f}, {iqm['ci_high']:,.1f}] |" in table
+    assert (
+        f"| vcbm | 1,203.5 [{vcbm['median']['ci_low']:,.1f}, {vcbm['median']['ci_high']:,.1f}] | "
+        f"1,204.2 [{iqm['ci_low']:,.1f}, {iqm['ci_high']:,.1f}] |" in table
+    )
     interval = f"{poi['estimate']:.3f} [{poi['ci_low']:.3f}, {poi['ci_high']:.3f}]"
     assert f"probability of improvement P(vcbm < rudder) = {interval}" in table
     assert "90% [68%, 99%]" in table  # 18/20 converged, exact CI

@@ -62,16 +62,27 @@ def batches(draw, n_components: int = 3, max_value: int = 2, prefix: bool = Fals
     words = st.lists(st.sampled_from(WORDS), min_size=0, max_size=3).map(" ".join)
     texts = [draw(st.lists(words, min_size=t, max_size=t)) for _ in range(b)]
     tables = [draw(hnp.arrays(np.float64, (2**t,), elements=st.floats(-5, 5, allow_nan=False))) for _ in range(b)]
-    return EpisodeBatch(np.where(mask, rewards, 0.0), mask, groups, observations=obs, actions=actions,
-                        turn_flags={"state_mutating": flags}, turn_texts=texts, final_texts=[draw(words) for _ in range(b)],
-                        extras={"anchor_keys": [[str(o) for o in obs[i, :, 0]] for i in range(b)], "coalition_values": tables})
+    return EpisodeBatch(
+        np.where(mask, rewards, 0.0),
+        mask,
+        groups,
+        observations=obs,
+        actions=actions,
+        turn_flags={"state_mutating": flags},
+        turn_texts=texts,
+        final_texts=[draw(words) for _ in range(b)],
+        extras={"anchor_keys": [[str(o) for o in obs[i, :, 0]] for i in range(b)], "coalition_values": tables},
+    )
 
 
 def only_needs(batch: EpisodeBatch, needs) -> EpisodeBatch:
     """The batch with only what `needs` names (the first of each "a | b"), besides rewards, mask, groups and turns."""
     named = {need.split("|")[0].strip() for need in needs}
     return EpisodeBatch(
-        batch.rewards, batch.mask, batch.group_ids, batch.step_turn,
+        batch.rewards,
+        batch.mask,
+        batch.group_ids,
+        batch.step_turn,
         turn_flags={k: v for k, v in batch.turn_flags.items() if f"turn_flags[{k!r}]" in named},
         turn_texts=batch.turn_texts if "turn_texts" in named else None,
         final_texts=batch.final_texts if "final_texts" in named else None,
@@ -136,7 +147,9 @@ def test_loo_equals_hand_formula_and_sums_to_zero_per_group(batch):
 
 
 @settings(max_examples=40, deadline=None)
-@given(batch=batches(), alpha=st.floats(0.01, 1.0), baseline=st.sampled_from(["running_mean", "batch_mean", "group_mean", "none"]))
+@given(
+    batch=batches(), alpha=st.floats(0.01, 1.0), baseline=st.sampled_from(["running_mean", "batch_mean", "group_mean", "none"])
+)
 def test_vcbm_bookmark_preserves_broadcast_sums_and_equals_it_at_alpha_one(batch, alpha, baseline):
     bookmark = VCBMBookmarkRule(alpha=alpha, baseline=baseline, warmup_transitions=0, z_thresh=1.0)
     broadcast = BroadcastRule(baseline)
@@ -258,7 +271,9 @@ def test_rudder_shapes_masks_and_state_round_trip(data):
 def test_vcbm_bookmark_weights_given_step_advantages_by_hand():
     batch = _toy_repair_batch()
     steps = np.arange(12, dtype=float).reshape(4, 3) - 5.0
-    with_steps = EpisodeBatch(batch.rewards, batch.mask, observations=batch.observations, actions=batch.actions, extras={"advantages": steps})
+    with_steps = EpisodeBatch(
+        batch.rewards, batch.mask, observations=batch.observations, actions=batch.actions, extras={"advantages": steps}
+    )
     rule = VCBMBookmarkRule(alpha=0.5, advantage="given", warmup_transitions=0, z_thresh=1.0)
     rule.observe(with_steps)
     np.testing.assert_allclose(rule.advantages(with_steps), steps * np.array([1.5, 0.75, 0.75]))
@@ -289,8 +304,9 @@ def test_vectorised_transition_counts_equal_change_statistics_update(batch):
 def test_vcbm_bookmark_counts_the_last_step_given_next_observations():
     batch = _toy_repair_batch()
     nxt = np.concatenate([batch.observations[:, 1:], batch.observations[:, -1:] + np.array([0, 1])], axis=1)
-    with_next = EpisodeBatch(batch.rewards, batch.mask, observations=batch.observations, actions=batch.actions,
-                             extras={"next_observations": nxt})
+    with_next = EpisodeBatch(
+        batch.rewards, batch.mask, observations=batch.observations, actions=batch.actions, extras={"next_observations": nxt}
+    )
     rule = VCBMBookmarkRule(warmup_transitions=0)
     rule.observe(with_next)
     assert rule.stats.transitions == 12  # 3 per episode instead of 2

@@ -22,16 +22,32 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _argv(out, seeds, backend, workers=2):
-    return ["--algos", "vcbm", "--seeds", str(seeds), "--workers", str(workers), "--backend", backend, "--out", str(out),
-            "--no-progress"]
+    return [
+        "--algos",
+        "vcbm",
+        "--seeds",
+        str(seeds),
+        "--workers",
+        str(workers),
+        "--backend",
+        backend,
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
 
 
 @pytest.fixture(scope="module")
 def local_ray():
     """One local Ray instance (2 CPUs) for the module; compare and tune use a Ray already initialised."""
     ray = pytest.importorskip("ray", reason="the distributed extra (Ray) is not installed")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-             runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO), *sys.path[1:]])}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        logging_level="ERROR",
+        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(REPO), *sys.path[1:]])}},
+    )
     yield ray
     ray.shutdown()
 
@@ -51,15 +67,44 @@ def test_compare_on_ray_gives_the_process_results_and_resumes(tmp_path, local_ra
 def test_tune_workers_on_ray_share_the_study(tmp_path, local_ray):
     from algorithms.tune import run as tune
 
-    result = tune(["--algo", "vcbm", "--env", "WatchRepair-v0", "--trials", "3", "--seeds-per-trial", "1", "--max-episodes",
-                   "300", "--backend", "ray", "--workers", "2", "--out", str(tmp_path)])
+    result = tune(
+        [
+            "--algo",
+            "vcbm",
+            "--env",
+            "WatchRepair-v0",
+            "--trials",
+            "3",
+            "--seeds-per-trial",
+            "1",
+            "--max-episodes",
+            "300",
+            "--backend",
+            "ray",
+            "--workers",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert result["trials"] == 3 and result["ran"] == 3 and result["states"]["COMPLETE"] == 3
 
 
 def test_a_task_on_another_node_sends_its_log_dir_back(tmp_path):
     """No shared filesystem: the task packs the run it wrote on its node, compare unpacks it into --out."""
-    args = type("Args", (), {"algos": ["mc"], "env": "WatchRepair-v0", "seed_start": 0, "seeds": 1, "max_episodes": 30,
-                             "hyperparams": [], "out": str(tmp_path)})()
+    args = type(
+        "Args",
+        (),
+        {
+            "algos": ["mc"],
+            "env": "WatchRepair-v0",
+            "seed_start": 0,
+            "seeds": 1,
+            "max_episodes": 30,
+            "hyperparams": [],
+            "out": str(tmp_path),
+        },
+    )()
     (job,) = make_jobs(args)
     packed = compare_task(list(job.argv), str(job.log_dir), driver_node="another-node")
     assert packed is not None

@@ -29,7 +29,13 @@ def test_effect_cells_group_same_context_and_effect():
 
 def test_random_cells_keep_the_size_distribution():
     contexts = [["a"] * 4 for _ in range(5)]
-    effects = [["x", "y", "z", None], ["x", "y", "q", None], ["x", "w", "q", None], ["v", "u", "t", None], ["s1", "s2", "s3", "s4"]]
+    effects = [
+        ["x", "y", "z", None],
+        ["x", "y", "q", None],
+        ["x", "w", "q", None],
+        ["v", "u", "t", None],
+        ["s1", "s2", "s3", "s4"],
+    ]
     cells = effect_cell_ids(contexts, effects)
     sizes = sorted(np.unique(cells[cells >= 0], return_counts=True)[1])
     assert sizes == [2, 2, 3]  # x (3), y (2), q (2)

@@ -50,8 +50,13 @@ def test_token_level_llm_batch_with_anchor_keys():
     rewards = np.zeros((2, 5))
     rewards[0, 4] = 1.0
     rewards[1, 3] = 3.0
-    batch = EpisodeBatch(rewards, mask, group_ids=np.array([7, 7]), step_turn=step_turn,
-                         extras={"anchor_keys": [["start", "room", "room"], ["start", "hall"]]})
+    batch = EpisodeBatch(
+        rewards,
+        mask,
+        group_ids=np.array([7, 7]),
+        step_turn=step_turn,
+        extras={"anchor_keys": [["start", "room", "room"], ["start", "hall"]]},
+    )
     adv = make_rule("gigpo", step_weight=1.0, gamma=1.0, normalise_std=False).advantages(batch)
     # episode: G = (1, 3) -> -1, +1. Turn returns (gamma 1): r0 = (1, 1, 1), r1 = (3, 3).
     # "start": {1, 3} -> -1, +1; "room": {1, 1} -> 0, 0; "hall" alone -> 0.

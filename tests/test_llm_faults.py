@@ -36,8 +36,11 @@ def test_task_goal_completion_counts_episodes_without_a_verdict_as_failures():
     assert task_goal_completion(infos)["task_goal_completion"] == 0.5  # not 1.0 over the decided two
     assert task_goal_completion([{}, {"brand": 1}]) == {}  # an env without the key reports nothing
     levels = task_goal_completion([{"success": True, "difficulty": 1}, {"difficulty": 1}, {"success": True, "difficulty": 2}])
-    assert levels == {"task_goal_completion": pytest.approx(2 / 3), "task_goal_completion/difficulty_1": 0.5,
-                      "task_goal_completion/difficulty_2": 1.0}
+    assert levels == {
+        "task_goal_completion": pytest.approx(2 / 3),
+        "task_goal_completion/difficulty_1": 0.5,
+        "task_goal_completion/difficulty_2": 1.0,
+    }
 
 
 def test_decision_advantage_mass_is_the_share_of_absolute_advantage_on_deciding_tokens():
@@ -50,17 +53,51 @@ def test_decision_advantage_mass_is_the_share_of_absolute_advantage_on_deciding_
 
 def test_a_trainer_turn_limit_below_the_envs_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"max_turns=3 is below TextWatchRepair-v0's own turn limit \(6\)"):
-        run(["--algo", "loop", "--env", "TextWatchRepair-v0", "--model", "tiny-random", "--no-progress",
-             "--iterations", "1", "--log-dir", str(tmp_path), "--hyperparams", "max_turns=3", *SMALL])
+        run(
+            [
+                "--algo",
+                "loop",
+                "--env",
+                "TextWatchRepair-v0",
+                "--model",
+                "tiny-random",
+                "--no-progress",
+                "--iterations",
+                "1",
+                "--log-dir",
+                str(tmp_path),
+                "--hyperparams",
+                "max_turns=3",
+                *SMALL,
+            ]
+        )
 
 
 @pytest.mark.slow
 def test_memory_is_bounded_and_keeps_no_rollouts_of_aborted_iterations(tmp_path):
     # the random tiny model names one of the station's tools in some turns: those are the bookmarks
     def vcbm(name, *extra):
-        return run(["--algo", "vcbm-loop", "--env", "TextWatchWorkshop-v0", "--model", "tiny-random", "--no-progress",
-                    "--iterations", "1", "--log-dir", str(tmp_path / name), "--hyperparams", "generation_batch_size=8",
-                    "num_generations=2", "per_device_train_batch_size=8", "max_new_tokens_per_turn=16", *extra])
+        return run(
+            [
+                "--algo",
+                "vcbm-loop",
+                "--env",
+                "TextWatchWorkshop-v0",
+                "--model",
+                "tiny-random",
+                "--no-progress",
+                "--iterations",
+                "1",
+                "--log-dir",
+                str(tmp_path / name),
+                "--hyperparams",
+                "generation_batch_size=8",
+                "num_generations=2",
+                "per_device_train_batch_size=8",
+                "max_new_tokens_per_turn=16",
+                *extra,
+            ]
+        )
 
     unbounded = vcbm("all")
     assert unbounded["memory_size"] > 3
@@ -71,9 +108,26 @@ def test_memory_is_bounded_and_keeps_no_rollouts_of_aborted_iterations(tmp_path)
 
 @pytest.mark.slow
 def test_trl_grpo_baseline_runs_the_same_episodes_with_trls_advantage(tmp_path):
-    summary = run(["--algo", "trl-grpo", "--env", "TextWatchRepair-v0", "--model", "tiny-random", "--no-progress",
-                   "--iterations", "2", "--log-dir", str(tmp_path), "--hyperparams", "generation_batch_size=8",
-                   "num_generations=4", "per_device_train_batch_size=8", "max_new_tokens_per_turn=16"])
+    summary = run(
+        [
+            "--algo",
+            "trl-grpo",
+            "--env",
+            "TextWatchRepair-v0",
+            "--model",
+            "tiny-random",
+            "--no-progress",
+            "--iterations",
+            "2",
+            "--log-dir",
+            str(tmp_path),
+            "--hyperparams",
+            "generation_batch_size=8",
+            "num_generations=4",
+            "per_device_train_batch_size=8",
+            "max_new_tokens_per_turn=16",
+        ]
+    )
     assert summary["iterations_run"] == 2 and summary["finetune"] == "full"
     assert summary["trained_weight_change_l2"] > 0
     for key in ("final_task_goal_completion", "final_invalid_turn_rate", "final_decision_advantage_mass"):

@@ -17,14 +17,32 @@ from algorithms.llm.trainer import LoopTrainer  # noqa: E402
 from algorithms.train import run  # noqa: E402
 
 EASY = [
-    "env_kwargs={max_turns: 2, noise_scale: 0.0, brand_probs: [0.0, 0.5, 0.5, 0.0]}", "max_turns=2",
+    "env_kwargs={max_turns: 2, noise_scale: 0.0, brand_probs: [0.0, 0.5, 0.5, 0.0]}",
+    "max_turns=2",
     "learning_rate=1.0e-3",
 ]
 
 
 def _rates(tmp_path, name, iterations):
-    summary = run(["--algo", "loop", "--env", "TextWatchRepair-v0", "--model", "tiny", "--seed", "0", "--no-progress",
-                   "--iterations", str(iterations), "--log-dir", str(tmp_path / name), "--hyperparams", *EASY])
+    summary = run(
+        [
+            "--algo",
+            "loop",
+            "--env",
+            "TextWatchRepair-v0",
+            "--model",
+            "tiny",
+            "--seed",
+            "0",
+            "--no-progress",
+            "--iterations",
+            str(iterations),
+            "--log-dir",
+            str(tmp_path / name),
+            "--hyperparams",
+            *EASY,
+        ]
+    )
     import json
 
     history = json.loads((tmp_path / name / "history.json").read_text())

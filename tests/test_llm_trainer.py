@@ -21,8 +21,14 @@ from vcbm_gym.credit.loo import LeaveOneOutRule  # noqa: E402
 from vcbm_gym.credit.vcbm_blend import VCBMBlendRule  # noqa: E402
 
 LOGGED_METRICS = (
-    "loop/mean_return", "loop/task_goal_completion", "loop/max_importance_weight", "loop/max_logprob_diff",
-    "loop/kl_estimate", "loop/outlier_gradient_events", "loop/mean_output_tokens", "loop/return_per_1k_tokens",
+    "loop/mean_return",
+    "loop/task_goal_completion",
+    "loop/max_importance_weight",
+    "loop/max_logprob_diff",
+    "loop/kl_estimate",
+    "loop/outlier_gradient_events",
+    "loop/mean_output_tokens",
+    "loop/return_per_1k_tokens",
 )
 
 
@@ -70,11 +76,28 @@ def test_rollout_masks_env_tokens_and_keeps_turn_records():
 
 
 def test_episode_batch_feeds_the_credit_rules():
-    e1 = Episode(task_seed=3, prompt_ids=[1], completion_ids=[5, 6, 9, 9, 7, 8], env_mask=[1, 1, 0, 0, 1, 1],
-                 turn_ids=[0, 0, 0, 0, 1, 1], state_mutating=[True, False], turn_texts=["repair() done", "wait"],
-                 final_text="over", episode_return=2.0)
-    e2 = Episode(task_seed=3, prompt_ids=[1], completion_ids=[5, 9, 7], env_mask=[1, 0, 1], turn_ids=[0, 0, 1],
-                 state_mutating=[False, False], turn_texts=["a", "b"], final_text="over", episode_return=-1.0)
+    e1 = Episode(
+        task_seed=3,
+        prompt_ids=[1],
+        completion_ids=[5, 6, 9, 9, 7, 8],
+        env_mask=[1, 1, 0, 0, 1, 1],
+        turn_ids=[0, 0, 0, 0, 1, 1],
+        state_mutating=[True, False],
+        turn_texts=["repair() done", "wait"],
+        final_text="over",
+        episode_return=2.0,
+    )
+    e2 = Episode(
+        task_seed=3,
+        prompt_ids=[1],
+        completion_ids=[5, 9, 7],
+        env_mask=[1, 0, 1],
+        turn_ids=[0, 0, 1],
+        state_mutating=[False, False],
+        turn_texts=["a", "b"],
+        final_text="over",
+        episode_return=-1.0,
+    )
     batch = episode_batch([e1, e2], 6)
     np.testing.assert_array_equal(batch.returns, [2.0, -1.0])
     assert batch.rewards[0, 5] == 2.0 and batch.rewards[1, 2] == -1.0
@@ -95,18 +118,23 @@ def _one_line_config_error(argv, *fragments):
 
 def test_the_earlier_credit_keys_are_refused_with_the_new_ones_named():
     _one_line_config_error(["--algo", "loop", "--hyperparams", "credit=vcbm"], "credit='vcbm'", "credit: vcbm_blend")
-    _one_line_config_error(["--algo", "vcbm-loop", "--hyperparams", "vcbm_beta=0.5", "vcbm_top_k=3"],
-                           "vcbm_beta, vcbm_top_k", "credit_kwargs: {vcbm_blend: {beta: 0.5, top_k: 3}}")
+    _one_line_config_error(
+        ["--algo", "vcbm-loop", "--hyperparams", "vcbm_beta=0.5", "vcbm_top_k=3"],
+        "vcbm_beta, vcbm_top_k",
+        "credit_kwargs: {vcbm_blend: {beta: 0.5, top_k: 3}}",
+    )
     _one_line_config_error(["--algo", "loop", "--credit", "vcbm_bookmark"], "'vcbm_bookmark'", "observations")
     _one_line_config_error(["--algo", "loop", "--credit", "nope"], "credit='nope'", "gigpo")
     _one_line_config_error(["--algo", "trl-grpo", "--credit", "grpo"], "trl-grpo keeps TRL's own group advantage")
-    _one_line_config_error(["--algo", "loop", "--credit", "grpo", "--hyperparams", "credit_kwargs={grpo: {eps: -1}}"],
-                           "credit rule 'grpo'", "eps=-1")
+    _one_line_config_error(
+        ["--algo", "loop", "--credit", "grpo", "--hyperparams", "credit_kwargs={grpo: {eps: -1}}"], "credit rule 'grpo'", "eps=-1"
+    )
 
 
 def test_casi_is_refused_at_start_up_naming_what_it_needs():
-    _one_line_config_error(["--algo", "loop", "--credit", "casi"], "credit rule 'casi' needs extras['coalition_values']",
-                           "LLM arm does not provide")
+    _one_line_config_error(
+        ["--algo", "loop", "--credit", "casi"], "credit rule 'casi' needs extras['coalition_values']", "LLM arm does not provide"
+    )
 
 
 def _scalars(log_dir):
@@ -117,8 +145,13 @@ def _scalars(log_dir):
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-LORA_SMALL = ["finetune=lora", "max_new_tokens_per_turn=16", "generation_batch_size=8", "per_device_train_batch_size=8",
-              "one_shot=true"]
+LORA_SMALL = [
+    "finetune=lora",
+    "max_new_tokens_per_turn=16",
+    "generation_batch_size=8",
+    "per_device_train_batch_size=8",
+    "one_shot=true",
+]
 
 
 def _lora_b_norm(adapter_dir):
@@ -131,8 +164,19 @@ def _lora_b_norm(adapter_dir):
 @pytest.mark.slow
 def test_vcbm_loop_trains_logs_and_resumes_to_the_same_metrics(tmp_path):
     # the LoRA path (as for a real model) on the untrained tiny model; its random answers still name tools
-    common = ["--algo", "vcbm-loop", "--env", "TextWatchRepair-v0", "--model", "tiny-random", "--no-progress",
-              "--checkpoint-every", "1", "--hyperparams", *LORA_SMALL]
+    common = [
+        "--algo",
+        "vcbm-loop",
+        "--env",
+        "TextWatchRepair-v0",
+        "--model",
+        "tiny-random",
+        "--no-progress",
+        "--checkpoint-every",
+        "1",
+        "--hyperparams",
+        *LORA_SMALL,
+    ]
     full = run(common + ["--iterations", "3", "--log-dir", str(tmp_path / "full")])
     assert full["iterations_run"] == 3 and full["memory_size"] > 0
     assert _lora_b_norm(tmp_path / "full" / "adapter") > 0  # LoRA B starts at 0: only gradients move it
@@ -176,15 +220,42 @@ def test_vcbm_loop_trains_logs_and_resumes_to_the_same_metrics(tmp_path):
     with pytest.raises(Exception, match="another config"):
         run(common + ["--iterations", "4", "--resume", "--log-dir", str(killed)])
     # and rerunning from that config.yml alone (no flags) gives the same run
-    again = run(["--algo", "vcbm-loop", "--env", "TextWatchRepair-v0", "--config", str(killed / "config.yml"),
-                 "--no-progress", "--log-dir", str(tmp_path / "again")])
+    again = run(
+        [
+            "--algo",
+            "vcbm-loop",
+            "--env",
+            "TextWatchRepair-v0",
+            "--config",
+            str(killed / "config.yml"),
+            "--no-progress",
+            "--log-dir",
+            str(tmp_path / "again"),
+        ]
+    )
     assert {k: v for k, v in again.items() if k.startswith("final_")} == finals
 
 
 @pytest.mark.slow
 def test_high_kl_abort_discards_the_iteration(tmp_path):
-    summary = run(["--algo", "loop", "--env", "TextWatchRepair-v0", "--model", "tiny-random", "--no-progress",
-                   "--iterations", "1", "--log-dir", str(tmp_path), "--hyperparams", "kl_abort=1.0e-12", *LORA_SMALL])
+    summary = run(
+        [
+            "--algo",
+            "loop",
+            "--env",
+            "TextWatchRepair-v0",
+            "--model",
+            "tiny-random",
+            "--no-progress",
+            "--iterations",
+            "1",
+            "--log-dir",
+            str(tmp_path),
+            "--hyperparams",
+            "kl_abort=1.0e-12",
+            *LORA_SMALL,
+        ]
+    )
     # the first epoch moves the weights, the second sees KL > threshold: the iteration is undone
     assert summary["final_iteration_aborted"] == 1.0 and summary["final_aborted_iterations"] == 1.0
     assert summary["final_kl_estimate"] > 1e-12
@@ -225,10 +296,28 @@ def test_scripted_rollout_records_the_decision_and_truncates_only_the_model_cont
 def test_empo_effect_ratio_sharing_smoke_run_logs_cell_coverage(tmp_path):
     # K = 24 rollouts of one task share the turn-0 prompt; equal parsed actions there form EMPO cells
     # (about a third of the random tiny model's turns name one of 4 tools). One micro-batch keeps cells whole.
-    summary = run(["--algo", "loop", "--env", "TextWatchRepair-v0", "--model", "tiny-random", "--no-progress",
-                   "--iterations", "1", "--ratio-sharing", "effect", "--log-dir", str(tmp_path), "--hyperparams",
-                   "num_generations=24", "generation_batch_size=24", "per_device_train_batch_size=24",
-                   "max_new_tokens_per_turn=16"])
+    summary = run(
+        [
+            "--algo",
+            "loop",
+            "--env",
+            "TextWatchRepair-v0",
+            "--model",
+            "tiny-random",
+            "--no-progress",
+            "--iterations",
+            "1",
+            "--ratio-sharing",
+            "effect",
+            "--log-dir",
+            str(tmp_path),
+            "--hyperparams",
+            "num_generations=24",
+            "generation_batch_size=24",
+            "per_device_train_batch_size=24",
+            "max_new_tokens_per_turn=16",
+        ]
+    )
     coverage = _scalars(tmp_path)["loop/empo_cell_coverage"]
     assert [step for step, _ in coverage] == [1]
     assert 0.0 < coverage[0][1] <= 1.0

@@ -53,10 +53,15 @@ def test_mean_and_band_across_seeds_with_runs_that_stop_early(tmp_path):
 def test_cli_draws_png_and_svg_for_sb3_and_llm_runs(tmp_path, capsys):
     # SB3 logs against timesteps; rollout/episodes at the same steps gives the x axis in episodes
     for seed, rate in enumerate((0.4, 0.6)):
-        _run_dir(tmp_path / "sb3" / f"seed{seed}", "ppo",
-                 {3200: {"rollout/correct_moving_average": rate, "rollout/episodes": 64},
-                  6400: {"rollout/correct_moving_average": rate + 0.2, "rollout/episodes": 128}},
-                 hyperparams={"credit": "vcbm_bookmark"})
+        _run_dir(
+            tmp_path / "sb3" / f"seed{seed}",
+            "ppo",
+            {
+                3200: {"rollout/correct_moving_average": rate, "rollout/episodes": 64},
+                6400: {"rollout/correct_moving_average": rate + 0.2, "rollout/episodes": 128},
+            },
+            hyperparams={"credit": "vcbm_bookmark"},
+        )
     out = tmp_path / "figs" / "sb3.png"
     data = plot([str(tmp_path / "sb3"), "--out", str(out), "--points", "2"])
     assert out.stat().st_size > 0 and out.with_suffix(".svg").read_text().startswith("<?xml")
@@ -67,8 +72,11 @@ def test_cli_draws_png_and_svg_for_sb3_and_llm_runs(tmp_path, capsys):
     assert "ppo+vcbm_bookmark: 2 run(s)" in capsys.readouterr().out
 
     for algo in ("loop", "vcbm-loop"):
-        _run_dir(tmp_path / "llm" / algo / "seed0", algo, {i: {"loop/task_goal_completion": i / 10, "loop/mean_return": i}
-                                                           for i in range(1, 6)})
+        _run_dir(
+            tmp_path / "llm" / algo / "seed0",
+            algo,
+            {i: {"loop/task_goal_completion": i / 10, "loop/mean_return": i} for i in range(1, 6)},
+        )
     data = plot([str(tmp_path / "llm"), "--metric", "return", "--out", str(tmp_path / "llm.png"), "--group-by", "parent"])
     assert set(data["methods"]) == {"loop", "vcbm-loop"} and data["x_label"] == "iterations"
     assert data["methods"]["loop"]["mean"][-1] == 5

@@ -30,9 +30,9 @@ def test_every_section_says_what_its_outputs_record(tmp_path):
     # an LLM benchmark output that records its wall time but neither command nor commit
     shutil.copytree(REPO / "benchmarks" / "results" / "llm_learning", results / "llm_learning")
     text = make_results.render(results)
-    fidelity = text[text.index("## CASI credit fidelity"):]
+    fidelity = text[text.index("## CASI credit fidelity") :]
     assert f"| command | `{record['command']}` |" in fidelity and "| Rule | Sign all |" in fidelity
-    llm = text[text.index("## LLM learning"):text.index("## CASI")]
+    llm = text[text.index("## LLM learning") : text.index("## CASI")]
     assert "| command | not recorded |" in llm and "| commit | not recorded |" in llm
     wall = json.loads((results / "llm_learning" / "results.json").read_text())["wall_time_s"]
     assert f"| wall time | {make_results._seconds(wall)} |" in llm and "| setting | noise | method |" in llm

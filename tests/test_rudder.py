@@ -187,7 +187,9 @@ def test_numpy_training_step_equals_torch_autograd_and_adam():
         rudder_loss(predictions, torch.from_numpy(targets), torch.from_numpy(lengths), 0.5)[0].backward()
         optimizer.step()
     for name, param in reference.named_parameters():
-        np.testing.assert_allclose(dict(model.named_parameters())[name].detach().numpy(), param.detach().numpy(), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(
+            dict(model.named_parameters())[name].detach().numpy(), param.detach().numpy(), rtol=1e-9, atol=1e-12
+        )
 
 
 @settings(max_examples=30, deadline=None)
@@ -293,8 +295,16 @@ def test_rule_trains_on_schedule_and_redistributes_afterwards():
     first = _episodes(50, seed=1)
     trained.observe(first)
     assert trained.training_events == 1  # at episode 50: buffer 50 > 40, a multiple of 25
-    np.testing.assert_allclose(trained.advantages(first).sum(axis=1), 10.0 * trained.model(torch.from_numpy(
-        featurize(first.observations, first.actions, 50)).double())[:, -1].detach().double().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        trained.advantages(first).sum(axis=1),
+        10.0
+        * trained.model(torch.from_numpy(featurize(first.observations, first.actions, 50)).double())[:, -1]
+        .detach()
+        .double()
+        .numpy(),
+        rtol=1e-5,
+        atol=1e-6,
+    )
     untrained = rule(seed=0)
     np.testing.assert_array_equal(untrained.advantages(first), first.rewards)  # raw rewards before training
     with pytest.raises(ValueError, match="observations"):
@@ -304,7 +314,9 @@ def test_rule_trains_on_schedule_and_redistributes_afterwards():
 def test_rule_waits_for_distinct_returns():
     waiting = rule(seed=0, min_buffer_episodes=10, train_every=5, max_steps_per_event=5)
     batch = _episodes(30, seed=2)
-    flat = EpisodeBatch(rewards=np.zeros_like(batch.rewards), mask=batch.mask, observations=batch.observations, actions=batch.actions)
+    flat = EpisodeBatch(
+        rewards=np.zeros_like(batch.rewards), mask=batch.mask, observations=batch.observations, actions=batch.actions
+    )
     waiting.observe(flat)
     assert waiting.training_events == 0  # one distinct return (0) only
     waiting.observe(batch)
@@ -324,8 +336,9 @@ def test_state_dict_round_trip_continues_identically():
     with pytest.raises(ValueError, match="config"):
         rule(seed=0).load_state_dict(a.state_dict())
     with pytest.raises(ValueError, match="features"):
-        RudderRule(WatchRepairFeaturizer(horizon=50, n_brands=3), seed=5, min_buffer_episodes=40,
-                   max_steps_per_event=20).load_state_dict(a.state_dict())
+        RudderRule(
+            WatchRepairFeaturizer(horizon=50, n_brands=3), seed=5, min_buffer_episodes=40, max_steps_per_event=20
+        ).load_state_dict(a.state_dict())
 
 
 def test_rule_needs_a_featurizer_and_takes_the_envs_own():
@@ -348,8 +361,18 @@ def test_rudder_agent_trains_through_the_cli(tmp_path):
 
     summary = run(
         [
-            "--algo", "rudder", "--seed", "1", "--max-episodes", "120", "--no-progress", "--log-dir", str(tmp_path),
-            "--hyperparams", "min_buffer_episodes=50", "max_steps_per_event=20",
+            "--algo",
+            "rudder",
+            "--seed",
+            "1",
+            "--max-episodes",
+            "120",
+            "--no-progress",
+            "--log-dir",
+            str(tmp_path),
+            "--hyperparams",
+            "min_buffer_episodes=50",
+            "max_steps_per_event=20",
         ]
     )
     assert summary["lstm_training_events"] == 2  # at episodes 75 and 100 (the buffer must exceed 50)
@@ -357,7 +380,12 @@ def test_rudder_agent_trains_through_the_cli(tmp_path):
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"rudder/lstm_main_loss", "rudder/lstm_aux_loss", "rudder/adam_steps_per_event", "rudder/redistributed_reward_t0"} <= tags
+    assert {
+        "rudder/lstm_main_loss",
+        "rudder/lstm_aux_loss",
+        "rudder/adam_steps_per_event",
+        "rudder/redistributed_reward_t0",
+    } <= tags
 
 
 def test_ppo_with_rudder_on_a_delayed_classic_control_env_learns_from_its_observations(tmp_path):

@@ -56,11 +56,19 @@ def train_bad_args(root: Path):
         bad_seed.map(lambda s: ["--algo", "rudder", "--seed", str(s)]),
         hp("log_interval", non_positive),
         hp("convergence_window", non_positive),
-        hp("z_thresh", st.one_of(nan_or_inf, st.floats(max_value=-1e-9, allow_nan=False)).map(lambda v: f"{v!r}".replace("nan", ".nan").replace("inf", ".inf"))),
+        hp(
+            "z_thresh",
+            st.one_of(nan_or_inf, st.floats(max_value=-1e-9, allow_nan=False)).map(
+                lambda v: f"{v!r}".replace("nan", ".nan").replace("inf", ".inf")
+            ),
+        ),
         hp("epsilon_start", st.floats(max_value=-1e-6, allow_infinity=False, allow_nan=False)),
         hp("forced_visits", st.integers(max_value=-1)),
         hp("env_kwargs", non_positive.map(lambda h: f"{{horizon: {h}}}")),
-        hp("env_kwargs", st.floats(max_value=-1e-6, allow_infinity=False, allow_nan=False).map(lambda s: f"{{transport_sd: {s}}}")),
+        hp(
+            "env_kwargs",
+            st.floats(max_value=-1e-6, allow_infinity=False, allow_nan=False).map(lambda s: f"{{transport_sd: {s}}}"),
+        ),
         non_positive.map(lambda n: ["--algo", "mc", "--max-episodes", str(n)]),
         st.just(["--algo", "vcbm", "--config", str(root / "binary.yml")]),
         st.just(["--algo", "vcbm", "--log-dir", str(root / "a_file")]),
@@ -88,7 +96,9 @@ def fidelity_bad_args(root: Path):
     return st.one_of(
         st.integers(max_value=9).map(lambda n: [*out, "--requests", str(n)]),
         bad_seed.map(lambda s: [*out, "--seed", str(s)]),
-        st.one_of(st.floats(max_value=-1e-6, allow_nan=False), st.just(math.nan)).map(lambda v: [*out, "--eval-noise-sd", repr(v)]),
+        st.one_of(st.floats(max_value=-1e-6, allow_nan=False), st.just(math.nan)).map(
+            lambda v: [*out, "--eval-noise-sd", repr(v)]
+        ),
         st.just(["--out", str(root / "a_file")]),
     )
 
@@ -151,9 +161,15 @@ def test_bad_input_in_a_real_process_exits_2_with_one_line(run_cli, tmp_path, mo
 def test_watch_repair_constructor_rejects_generated_bad_values():
     bad = st.one_of(
         st.tuples(st.just("horizon"), st.one_of(non_positive, st.integers(min_value=10**5 + 1), st.floats(allow_nan=True))),
-        st.tuples(st.just("repair_cost_sd"), st.one_of(nan_or_inf, st.floats(max_value=-1e-9, allow_nan=False)).map(lambda v: (v, 2.0, 2.0, 1.0))),
+        st.tuples(
+            st.just("repair_cost_sd"),
+            st.one_of(nan_or_inf, st.floats(max_value=-1e-9, allow_nan=False)).map(lambda v: (v, 2.0, 2.0, 1.0)),
+        ),
         st.tuples(st.just("transport_sd"), st.one_of(nan_or_inf, st.floats(max_value=-1e-9, allow_nan=False))),
-        st.tuples(st.just("counter_probs"), st.tuples(st.one_of(nan_or_inf, st.floats(min_value=1 + 1e-9), st.floats(max_value=-1e-9)), st.floats(0, 1))),
+        st.tuples(
+            st.just("counter_probs"),
+            st.tuples(st.one_of(nan_or_inf, st.floats(min_value=1 + 1e-9), st.floats(max_value=-1e-9)), st.floats(0, 1)),
+        ),
         st.tuples(st.just("price"), nan_or_inf.map(lambda v: (v, 28.0, 31.0, 59.0))),
         st.tuples(st.just("brand_probs"), st.just((0.5, 0.5, 0.5, -0.5))),
     )
@@ -178,7 +194,9 @@ def test_set_retrieval_constructor_rejects_generated_bad_values():
     bad = st.one_of(
         st.tuples(st.sampled_from(["eval_noise_sd", "eval_bias_sd", "feature_noise_sd"]), st.one_of(nan_or_inf, negative)),
         st.tuples(st.just("coverage_prob"), st.one_of(nan_or_inf, negative, st.floats(min_value=1 + 1e-9, allow_infinity=False))),
-        st.tuples(st.sampled_from(["pool_size", "set_size"]), st.one_of(non_positive, st.integers(min_value=17), st.floats(0.5, 3.5))),
+        st.tuples(
+            st.sampled_from(["pool_size", "set_size"]), st.one_of(non_positive, st.integers(min_value=17), st.floats(0.5, 3.5))
+        ),
         st.tuples(st.just("bonus_range"), st.one_of(nan_or_inf.map(lambda v: (0.1, v)), st.just((0.3, 0.1)))),
     )
 
@@ -233,8 +251,19 @@ def _rerun_from_record(log_dir: Path, new_dir: Path):
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--algo", "a2c", "--credit", "vcbm_bookmark", "--max-episodes", "20", "--seed", "3",
-         "--hyperparams", "n_envs=2", "credit_kwargs={vcbm_bookmark: {alpha: 0.2, baseline: given, advantage: return}}"],
+        [
+            "--algo",
+            "a2c",
+            "--credit",
+            "vcbm_bookmark",
+            "--max-episodes",
+            "20",
+            "--seed",
+            "3",
+            "--hyperparams",
+            "n_envs=2",
+            "credit_kwargs={vcbm_bookmark: {alpha: 0.2, baseline: given, advantage: return}}",
+        ],
         ["--algo", "vcbm", "--max-episodes", "80", "--seed", "5", "--hyperparams", "forced_visits=10", "warmup_transitions=300"],
     ],
     ids=["sb3-credit", "tabular"],
@@ -354,14 +383,19 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGKILL, -9)],
-                         ids=["SIGINT", "SIGTERM", "SIGKILL"])
+@pytest.mark.parametrize(
+    "signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGKILL, -9)], ids=["SIGINT", "SIGTERM", "SIGKILL"]
+)
 def test_a_killed_compare_leaves_no_worker_and_resumes_to_the_same_results(tmp_path, uninterrupted, signum, code):
     out = tmp_path / "out"
     process = subprocess.Popen(
         [sys.executable, "-m", "algorithms.compare", *_compare_argv(out, **KILL_ARGS)],
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, start_new_session=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     deadline = time.monotonic() + 120
     while not list(out.glob("*/seed*/summary.json")) and process.poll() is None and time.monotonic() < deadline:

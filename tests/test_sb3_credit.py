@@ -108,7 +108,11 @@ def test_return_equivalent_rewards_by_hand():
 def test_redistribution_buffer_holds_the_episode_back():
     space = spaces.MultiDiscrete([2, 4])
     buffer = EpisodeRedistributionBuffer(
-        16, space, spaces.Discrete(2), device="cpu", rule=VCBMBookmarkRule(alpha=0.5, baseline="none", warmup_transitions=0, z_thresh=0.5)
+        16,
+        space,
+        spaces.Discrete(2),
+        device="cpu",
+        rule=VCBMBookmarkRule(alpha=0.5, baseline="none", warmup_transitions=0, z_thresh=0.5),
     )
     states = [np.array([[0, 0]]), np.array([[1, 1]]), np.array([[1, 2]])]
     for t, reward in enumerate([-1.0, 0.0, 7.0]):
@@ -125,13 +129,20 @@ def test_train_cli_ppo_vcbm_bookmark_writes_summary(tmp_path):
     assert on_disk["credit"] == "vcbm_bookmark" and on_disk["episodes_run"] == 200 == summary["episodes_run"]
     assert set(on_disk) >= {"converged", "episodes_to_converge", "episodes_run", "final_correct_rate"}
     assert list(tmp_path.glob("ppo_vcbm_bookmark_*/events.out.tfevents.*"))
-    assert on_disk["credit_roles"] == {"repaired_flag": "controlled", "counter1": "noise", "counter2": "noise",
-                                       "brand": "static", "timestep": "clock"}
+    assert on_disk["credit_roles"] == {
+        "repaired_flag": "controlled",
+        "counter1": "noise",
+        "counter2": "noise",
+        "brand": "static",
+        "timestep": "clock",
+    }
 
 
 @pytest.mark.parametrize("algo", ["a2c", "dqn"])
 def test_train_cli_a2c_and_dqn_run_with_a_rule(tmp_path, algo):
-    summary = train(["--algo", algo, "--credit", "vcbm_bookmark", "--max-episodes", "25", "--log-dir", str(tmp_path), "--no-progress"])
+    summary = train(
+        ["--algo", algo, "--credit", "vcbm_bookmark", "--max-episodes", "25", "--log-dir", str(tmp_path), "--no-progress"]
+    )
     assert summary["episodes_run"] == 25
 
 
@@ -142,10 +153,33 @@ def test_unknown_credit_is_one_clear_error(tmp_path):
 
 def test_credit_kwargs_are_keyed_by_rule_name(tmp_path):
     with pytest.raises(VcbmGymError, match=r"credit_kwargs\['alpha'\]"):
-        train(["--algo", "ppo", "--credit", "vcbm_bookmark", "--hyperparams", "credit_kwargs={alpha: 0.1}", "--log-dir", str(tmp_path)])
+        train(
+            [
+                "--algo",
+                "ppo",
+                "--credit",
+                "vcbm_bookmark",
+                "--hyperparams",
+                "credit_kwargs={alpha: 0.1}",
+                "--log-dir",
+                str(tmp_path),
+            ]
+        )
     with pytest.raises(VcbmGymError, match="credit rule 'vcbm_bookmark' .* on 'WatchRepair-v0': alpha=0.0"):
-        train(["--algo", "ppo", "--credit", "vcbm_bookmark", "--max-episodes", "1", "--hyperparams",
-               "credit_kwargs={vcbm_bookmark: {alpha: 0.0}}", "--log-dir", str(tmp_path)])
+        train(
+            [
+                "--algo",
+                "ppo",
+                "--credit",
+                "vcbm_bookmark",
+                "--max-episodes",
+                "1",
+                "--hyperparams",
+                "credit_kwargs={vcbm_bookmark: {alpha: 0.0}}",
+                "--log-dir",
+                str(tmp_path),
+            ]
+        )
 
 
 def test_bookmark_weights_on_gae_keep_gae_at_alpha_one():

@@ -74,8 +74,7 @@ def test_permutation_shapley_within_stated_error_for_m8():
     m = 8
     table = coalition_table(lambda s: len(s) ** 1.5 + rng.normal(), m)  # a fixed random non-additive game
     exact = shapley_exact(table)
-    estimate, se, n = shapley_sampled(lambda s: table[sum(1 << i for i in s)], m, target_se=0.05,
-                                      rng=np.random.default_rng(11))
+    estimate, se, n = shapley_sampled(lambda s: table[sum(1 << i for i in s)], m, target_se=0.05, rng=np.random.default_rng(11))
     assert n >= 32 and se.max() < 0.05 * 1.5  # the requested error is (about) met
     assert np.all(np.abs(estimate - exact) <= 4 * se)  # |z| <= 4 for each of 8 players
     assert estimate.sum() == pytest.approx(table[-1] - table[0])  # permutation estimates stay efficient
@@ -101,8 +100,9 @@ def test_projection_by_hand():
     # [5, 0, 0, 1]: clip the outlier at +1; the rest shift by the same lam so that the sum is 0:
     # 1 + 3 * (-lam) + 1 = 0 ... (0 - lam) * 2 + (1 - lam) = -1  => lam = 2/3
     np.testing.assert_allclose(zero_sum_shaping(np.array([5.0, 0.0, 0.0, 1.0]), 1.0), [1, -2 / 3, -2 / 3, 1 / 3])
-    np.testing.assert_allclose(zero_sum_shaping(np.array([5.0, 0.0, 0.0, 1.0]), 1.0, mode="scale"),
-                               np.array([3.5, -1.5, -1.5, -0.5]) / 3.5)
+    np.testing.assert_allclose(
+        zero_sum_shaping(np.array([5.0, 0.0, 0.0, 1.0]), 1.0, mode="scale"), np.array([3.5, -1.5, -1.5, -0.5]) / 3.5
+    )
 
 
 def test_shape_step_advantages_and_token_spans():
@@ -118,14 +118,12 @@ def test_casi_rule_on_token_batch():
     mask = np.ones_like(rewards, dtype=bool)
     step_turn = np.array([[0, 0, -1, 1, 1], [0, -1, 1, 1, -1]])
     tables = [coalition_table(glove_game, 3)[:4], np.array([0.0, 0.0, 0.0, 0.0])]  # 2-player tables
-    batch = EpisodeBatch(rewards, mask, group_ids=np.array([0, 0]), step_turn=step_turn,
-                         extras={"coalition_values": tables})
+    batch = EpisodeBatch(rewards, mask, group_ids=np.array([0, 0]), step_turn=step_turn, extras={"coalition_values": tables})
     adv = make_rule("casi", beta=1.0, bound=10.0).advantages(batch)
     # episode 0: v({})=0, v({0})=0, v({1})=0, v({0,1})=1 -> Shapley (0.5, 0.5) -> centred 0
     np.testing.assert_allclose(adv[0], [1, 1, 1, 1, 1])
     asym = [np.array([0.0, 0.6, 0.0, 1.0]), np.zeros(4)]  # Shapley (0.8, 0.2) -> z = (0.3, -0.3)
-    batch = EpisodeBatch(rewards, mask, group_ids=np.array([0, 0]), step_turn=step_turn,
-                         extras={"coalition_values": asym})
+    batch = EpisodeBatch(rewards, mask, group_ids=np.array([0, 0]), step_turn=step_turn, extras={"coalition_values": asym})
     adv = make_rule("casi", beta=2.0, bound=10.0).advantages(batch)
     np.testing.assert_allclose(adv[0], [1.6, 1.6, 1.0, 0.4, 0.4])
     np.testing.assert_allclose(adv[1], [-1, -1, -1, -1, -1])
@@ -156,8 +154,12 @@ def test_set_retrieval_value_has_redundant_and_complementary_pairs():
     assert request.reference_value([i, j]) == pytest.approx(w @ (1 - (1 - c[i]) * (1 - c[j])) + request.bonus[0])
     assert request.reference_value([i]) == pytest.approx(w @ c[i])
     # paraphrases of one intent are redundant: together worth less than the sum of their values
-    a, b = next((int(x), int(y)) for x in range(10) for y in range(x + 1, 10)
-                if intent[x] == intent[y] and c[x] @ w > 0 and {x, y} != {i, j})
+    a, b = next(
+        (int(x), int(y))
+        for x in range(10)
+        for y in range(x + 1, 10)
+        if intent[x] == intent[y] and c[x] @ w > 0 and {x, y} != {i, j}
+    )
     assert request.reference_value([a, b]) < request.reference_value([a]) + request.reference_value([b])
     # so Singleton, LOO and Shapley credit differ on a set with both
     table = request.slot_coalition_values(sorted({i, j, a, b}), "reference")

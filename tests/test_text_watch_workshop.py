@@ -97,10 +97,12 @@ def test_noise_scale_one_is_the_paper_distribution():
     assert abs(rs.mean() - 0.35) < 4 * rs.std(ddof=1) / np.sqrt(len(rs))
 
 
-@pytest.mark.parametrize("bad", [dict(n_stations=1), dict(n_stations=11), dict(noise_scale=-0.1),
-                                 dict(noise_scale=float("nan")), dict(reward_scale=0.0)])
+@pytest.mark.parametrize(
+    "bad",
+    [dict(n_stations=1), dict(n_stations=11), dict(noise_scale=-0.1), dict(noise_scale=float("nan")), dict(reward_scale=0.0)],
+)
 def test_bad_constructor_values_are_refused_with_the_value_named(bad):
-    (key, value), = bad.items()
+    ((key, value),) = bad.items()
     with pytest.raises(ValueError, match=key):
         TextWatchWorkshopEnv(**bad)
     if key != "n_stations":

@@ -51,8 +51,19 @@ def test_run_writes_resolved_config_summary_and_tensorboard_scalars(run_cli, tmp
     cfg.write_text("warmup_transitions: 500\nrefresh_every: 250\n")
     log_dir = tmp_path / "run"
     result = run_cli(
-        "algorithms.train", "--algo", "vcbm", "--seed", "5", "--log-dir", str(log_dir), "--config", str(cfg),
-        "--hyperparams", "forced_visits=10", "--max-episodes", "60",
+        "algorithms.train",
+        "--algo",
+        "vcbm",
+        "--seed",
+        "5",
+        "--log-dir",
+        str(log_dir),
+        "--config",
+        str(cfg),
+        "--hyperparams",
+        "forced_visits=10",
+        "--max-episodes",
+        "60",
     )
     assert result.returncode == 0, result.stderr
     assert f"TensorBoard logs: {log_dir}" in result.stdout
@@ -77,7 +88,13 @@ def test_exponent_floats_read_as_floats_in_overrides_and_files(tmp_path):
     from algorithms.common.config import parse_overrides, read_yaml
 
     assert parse_overrides(["a=1e-3", "b=-2E+2", "c=3", "d=1.5", "e=1e3x", "f=[1e-3, 2]"]) == {
-        "a": 0.001, "b": -200.0, "c": 3, "d": 1.5, "e": "1e3x", "f": [0.001, 2]}
+        "a": 0.001,
+        "b": -200.0,
+        "c": 3,
+        "d": 1.5,
+        "e": "1e3x",
+        "f": [0.001, 2],
+    }
     path = tmp_path / "c.yml"
     path.write_text("learning_rate: 5e-5\nname: 2e\n")
     assert read_yaml(path) == {"learning_rate": 5e-05, "name": "2e"}

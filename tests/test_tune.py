@@ -33,17 +33,20 @@ REPO = Path(__file__).resolve().parents[1]
 FAST_VCBM = ["--algo", "vcbm", "--env", "WatchRepair-v0", "--seeds-per-trial", "1", "--max-episodes", "1500"]
 
 
-@pytest.mark.parametrize("spec, message", [
-    ({}, "non-empty mapping"),
-    ({"z_thresh": {"type": "uniform", "low": 1, "high": 2}}, "type one of float, int, categorical"),
-    ({"z_thresh": {"type": "float", "low": 2, "high": 1}}, "expected low < high"),
-    ({"z_thresh": {"type": "float", "low": 0, "high": 1, "log": True}}, "low > 0 with log"),
-    ({"z_thresh": {"type": "float", "low": 0, "high": float("nan")}}, "finite numbers"),
-    ({"forced_visits": {"type": "int", "low": 1.5, "high": 4}}, "expected integers"),
-    ({"forced_visits": {"type": "int", "low": 1, "high": 4, "stride": 2}}, "unknown key"),
-    ({"vcbm_few_bookmarks": {"type": "categorical", "choices": []}}, "non-empty list of scalars"),
-    ({"max_episodes": {"type": "int", "low": 1, "high": 4}}, "other than max_episodes"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({}, "non-empty mapping"),
+        ({"z_thresh": {"type": "uniform", "low": 1, "high": 2}}, "type one of float, int, categorical"),
+        ({"z_thresh": {"type": "float", "low": 2, "high": 1}}, "expected low < high"),
+        ({"z_thresh": {"type": "float", "low": 0, "high": 1, "log": True}}, "low > 0 with log"),
+        ({"z_thresh": {"type": "float", "low": 0, "high": float("nan")}}, "finite numbers"),
+        ({"forced_visits": {"type": "int", "low": 1.5, "high": 4}}, "expected integers"),
+        ({"forced_visits": {"type": "int", "low": 1, "high": 4, "stride": 2}}, "unknown key"),
+        ({"vcbm_few_bookmarks": {"type": "categorical", "choices": []}}, "non-empty list of scalars"),
+        ({"max_episodes": {"type": "int", "low": 1, "high": 4}}, "other than max_episodes"),
+    ],
+)
 def test_search_space_mistakes_are_one_clear_error(spec, message):
     with pytest.raises(ConfigError, match=message):
         parse_search_space(spec, "test")
@@ -53,8 +56,7 @@ def test_a_dotted_name_changes_one_key_of_the_zoo_mapping():
     base = {"credit_kwargs": {"broadcast": {"baseline": "given"}, "vcbm_bookmark": {"advantage": "return", "alpha": 0.05}}}
     changed = apply_params(base, {"credit_kwargs.vcbm_bookmark.alpha": 0.2, "learning_rate": 1e-3})
     rule = {"advantage": "return", "alpha": 0.2}
-    assert changed == {"credit_kwargs": {"broadcast": {"baseline": "given"}, "vcbm_bookmark": rule},
-                       "learning_rate": 1e-3}
+    assert changed == {"credit_kwargs": {"broadcast": {"baseline": "given"}, "vcbm_bookmark": rule}, "learning_rate": 1e-3}
     assert base["credit_kwargs"]["vcbm_bookmark"]["alpha"] == 0.05  # the base is not modified
     assert parse_overrides(overrides_argv(changed)) == changed  # through --hyperparams and back
 
@@ -80,8 +82,12 @@ def test_a_trial_worse_than_the_median_is_pruned_and_a_converged_first_seed_hold
     fast(200, {"correct_rate": 0.9})
     fast(234, {"correct_rate": 0.96})  # then it converged and stopped: its final rate holds from step 300 on
     fast.hold(budget=450)
-    assert study.trials[0].intermediate_values == {100: 0.5, 200: pytest.approx(0.1), 300: pytest.approx(0.04),
-                                                   400: pytest.approx(0.04)}
+    assert study.trials[0].intermediate_values == {
+        100: 0.5,
+        200: pytest.approx(0.1),
+        300: pytest.approx(0.04),
+        400: pytest.approx(0.04),
+    }
     study.tell(done, 200.0)
     Reporter(study.ask(), objective, every=100)(100, {"correct_rate": 0.55})  # 0.45 < the median 0.5: goes on
     with pytest.raises(optuna.TrialPruned, match="pruned at step 300 of the first seed"):
@@ -94,10 +100,26 @@ def test_a_trial_worse_than_the_median_is_pruned_and_a_converged_first_seed_hold
 def test_two_processes_share_one_journal_and_stop_at_the_study_total(tmp_path):
     journal = tmp_path / "shared" / "study.journal"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    commands = [[sys.executable, "-m", "algorithms.tune", *FAST_VCBM, "--trials", "3", "--storage", str(journal),
-                 "--out", str(tmp_path / f"out{k}"), "--sampler-seed", str(k)] for k in (0, 1)]
-    processes = [subprocess.Popen(c, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for c in commands]
+    commands = [
+        [
+            sys.executable,
+            "-m",
+            "algorithms.tune",
+            *FAST_VCBM,
+            "--trials",
+            "3",
+            "--storage",
+            str(journal),
+            "--out",
+            str(tmp_path / f"out{k}"),
+            "--sampler-seed",
+            str(k),
+        ]
+        for k in (0, 1)
+    ]
+    processes = [
+        subprocess.Popen(c, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands
+    ]
     outputs = [p.communicate(timeout=300) for p in processes]
     for process, (_, stderr) in zip(processes, outputs):
         assert process.returncode == 0, stderr
@@ -116,13 +138,17 @@ def test_two_processes_share_one_journal_and_stop_at_the_study_total(tmp_path):
     best = yaml.safe_load(last.read_text())["WatchRepair-v0"]
     assert best == study.best_trial.params
     # the snippet is a zoo entry that train accepts, and the trial's run used exactly those values
-    best_out = next(tmp_path / f"out{k}" for k in (0, 1) if (tmp_path / f"out{k}" / "vcbm-WatchRepair-v0" /
-                                                                f"trial{study.best_trial.number}").is_dir())
+    best_out = next(
+        tmp_path / f"out{k}"
+        for k in (0, 1)
+        if (tmp_path / f"out{k}" / "vcbm-WatchRepair-v0" / f"trial{study.best_trial.number}").is_dir()
+    )
     trial_dir = best_out / "vcbm-WatchRepair-v0" / f"trial{study.best_trial.number}"
     used = yaml.safe_load((trial_dir / "seed0" / "config.yml").read_text())
     assert {k: used["hyperparams"][k] for k in best} == best
-    summary = train(["--algo", "vcbm", "--config", str(last), "--max-episodes", "1500",
-                     "--log-dir", str(tmp_path / "rerun"), "--no-progress"])
+    summary = train(
+        ["--algo", "vcbm", "--config", str(last), "--max-episodes", "1500", "--log-dir", str(tmp_path / "rerun"), "--no-progress"]
+    )
     assert summary["episodes_run"] == study.best_trial.value  # seed 0 again: the same run
 
 
@@ -141,12 +167,31 @@ def test_a_trial_left_running_by_a_dead_process_is_not_counted(tmp_path):
 
 def test_sb3_trial_tunes_a_credit_rule_argument_inside_credit_kwargs(tmp_path):
     space = tmp_path / "space.yml"
-    space.write_text(yaml.safe_dump({"ppo": {"credit_kwargs.vcbm_bookmark.alpha": {"type": "float", "low": 0.01, "high": 0.5,
-                                                                                    "log": True}}}))
-    result = tune(["--algo", "ppo", "--env", "WatchRepair-v0", "--trials", "1", "--seeds-per-trial", "1", "--max-episodes",
-                   "64", "--search-space", str(space), "--hyperparams", "credit=vcbm_bookmark", "n_envs=4", "batch_size=200",
-                   "--out",
-                   str(tmp_path / "out")])
+    space.write_text(
+        yaml.safe_dump({"ppo": {"credit_kwargs.vcbm_bookmark.alpha": {"type": "float", "low": 0.01, "high": 0.5, "log": True}}})
+    )
+    result = tune(
+        [
+            "--algo",
+            "ppo",
+            "--env",
+            "WatchRepair-v0",
+            "--trials",
+            "1",
+            "--seeds-per-trial",
+            "1",
+            "--max-episodes",
+            "64",
+            "--search-space",
+            str(space),
+            "--hyperparams",
+            "credit=vcbm_bookmark",
+            "n_envs=4",
+            "batch_size=200",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert result["states"]["COMPLETE"] == 1 and result["best_value"] == 64
     used = yaml.safe_load((tmp_path / "out" / "ppo-WatchRepair-v0" / "trial0" / "seed0" / "config.yml").read_text())
     rule = used["hyperparams"]["credit_kwargs"]["vcbm_bookmark"]
@@ -158,10 +203,31 @@ def test_sb3_trial_tunes_a_credit_rule_argument_inside_credit_kwargs(tmp_path):
 
 
 def test_llm_trial_tunes_the_vcbm_blend_on_the_text_env(tmp_path):
-    result = tune(["--algo", "vcbm-loop", "--env", "TextWatchRepair-v0", "--trials", "1", "--seeds-per-trial", "1",
-                   "--iterations", "2", "--final-window", "2", "--out", str(tmp_path),
-                   "--hyperparams", "model=tiny-random", "generation_batch_size=4", "num_generations=2",
-                   "per_device_train_batch_size=4", "env_kwargs={max_turns: 3}", "max_turns=3"])
+    result = tune(
+        [
+            "--algo",
+            "vcbm-loop",
+            "--env",
+            "TextWatchRepair-v0",
+            "--trials",
+            "1",
+            "--seeds-per-trial",
+            "1",
+            "--iterations",
+            "2",
+            "--final-window",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--hyperparams",
+            "model=tiny-random",
+            "generation_batch_size=4",
+            "num_generations=2",
+            "per_device_train_batch_size=4",
+            "env_kwargs={max_turns: 3}",
+            "max_turns=3",
+        ]
+    )
     assert result["states"]["COMPLETE"] == 1
     assert set(result["best_params"]) == {f"credit_kwargs.vcbm_blend.{k}" for k in ("beta", "tau", "top_k", "alpha")}
     run_dir = tmp_path / "vcbm-loop-TextWatchRepair-v0" / "trial0" / "seed0"
@@ -170,19 +236,23 @@ def test_llm_trial_tunes_the_vcbm_blend_on_the_text_env(tmp_path):
     trial = json.loads((tmp_path / "trials.json").read_text())[0]
     assert sorted(trial["user_attrs"]) == ["owner", "seed0"] and trial["last_step"] == 2  # one report per iteration
     used = yaml.safe_load((run_dir / "config.yml").read_text())["hyperparams"]
-    assert {f"credit_kwargs.vcbm_blend.{k}": v for k, v in used["credit_kwargs"]["vcbm_blend"].items()
-            if k != "few_bookmarks"} == result["best_params"]
+    assert {
+        f"credit_kwargs.vcbm_blend.{k}": v for k, v in used["credit_kwargs"]["vcbm_blend"].items() if k != "few_bookmarks"
+    } == result["best_params"]
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--trials", "0"], "--trials 0: expected an integer in"),
-    (["--trials", "2", "--backend", "dask"], "--backend 'dask': expected one of process, ray"),
-    (["--trials", "2", "--address", "auto"], "--address 'auto' with --backend process: expected --backend ray"),
-    (["--trials", "2", "--iterations", "3"], "--iterations 3 with algo 'vcbm': expected --max-episodes"),
-    (["--trials", "2", "--hyperparams", "z_thresh"], "malformed hyperparameter 'z_thresh': expected key=value"),
-    (["--trials", "2", "--hyperparams", "bogus=1"], "unknown hyperparameter 'bogus'"),
-    (["--trials", "2", "--seeds-per-trial", "0"], "--seeds-per-trial 0: expected an integer in"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--trials", "0"], "--trials 0: expected an integer in"),
+        (["--trials", "2", "--backend", "dask"], "--backend 'dask': expected one of process, ray"),
+        (["--trials", "2", "--address", "auto"], "--address 'auto' with --backend process: expected --backend ray"),
+        (["--trials", "2", "--iterations", "3"], "--iterations 3 with algo 'vcbm': expected --max-episodes"),
+        (["--trials", "2", "--hyperparams", "z_thresh"], "malformed hyperparameter 'z_thresh': expected key=value"),
+        (["--trials", "2", "--hyperparams", "bogus=1"], "unknown hyperparameter 'bogus'"),
+        (["--trials", "2", "--seeds-per-trial", "0"], "--seeds-per-trial 0: expected an integer in"),
+    ],
+)
 def test_bad_tune_arguments_are_one_clear_error(tmp_path, extra, message):
     with pytest.raises(VcbmGymError, match=message):
         tune([*FAST_VCBM[:4], *extra, "--out", str(tmp_path)])

@@ -7,7 +7,9 @@ from envs.watch_repair import GROUND_TRUTH_ROLES
 
 
 def _train(tmp_path, seed, name):
-    return run(["--algo", "vcbm", "--env", "WatchRepair-v0", "--seed", str(seed), "--log-dir", str(tmp_path / name), "--no-progress"])
+    return run(
+        ["--algo", "vcbm", "--env", "WatchRepair-v0", "--seed", str(seed), "--log-dir", str(tmp_path / name), "--no-progress"]
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1])

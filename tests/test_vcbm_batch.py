@@ -6,11 +6,29 @@ import pytest
 from algorithms.tabular.vcbm_batch import run_batch
 from algorithms.train import run
 
-FIELDS = ("converged", "episodes_to_converge", "episodes_run", "final_correct_rate", "roles", "bookmark_contexts", "bookmark_values")
+FIELDS = (
+    "converged",
+    "episodes_to_converge",
+    "episodes_run",
+    "final_correct_rate",
+    "roles",
+    "bookmark_contexts",
+    "bookmark_values",
+)
 
 
 def _separate(tmp_path, algo, seed, overrides=()):
-    argv = ["--algo", algo, "--env", "WatchRepair-v0", "--seed", str(seed), "--log-dir", str(tmp_path / f"{algo}{seed}"), "--no-progress"]
+    argv = [
+        "--algo",
+        algo,
+        "--env",
+        "WatchRepair-v0",
+        "--seed",
+        str(seed),
+        "--log-dir",
+        str(tmp_path / f"{algo}{seed}"),
+        "--no-progress",
+    ]
     return run(argv + (["--hyperparams", *overrides] if overrides else []))
 
 
@@ -50,8 +68,10 @@ def test_random_actions_draw_what_one_call_per_step_draws():
 
 @pytest.mark.parametrize(
     "overrides, message",
-    [({"warmup_transitions": 2010}, r"warmup_transitions=2010: .*multiple of the horizon \(50\)"),
-     ({"refresh_every": 0}, r"refresh_every=0: expected a finite number >= 1")],
+    [
+        ({"warmup_transitions": 2010}, r"warmup_transitions=2010: .*multiple of the horizon \(50\)"),
+        ({"refresh_every": 0}, r"refresh_every=0: expected a finite number >= 1"),
+    ],
 )
 def test_batched_runner_rejects_refreshes_inside_an_episode(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -132,7 +132,9 @@ def test_vector_env_with_one_seed_per_sub_env_replays_the_single_envs_with_those
                 obs[i], reward, term, _, info = env.step(int(row[i]))
                 assert reward == vreward[i] and term == vterm[i]
                 # the single env's evaluation keys, in Gymnasium's vector layout (value + "_" mask)
-                assert vinfo["_first_decision_optimal"][i] and vinfo["first_decision_optimal"][i] == info["first_decision_optimal"]
+                assert (
+                    vinfo["_first_decision_optimal"][i] and vinfo["first_decision_optimal"][i] == info["first_decision_optimal"]
+                )
                 assert vinfo["_is_success"][i] == ("is_success" in info)
                 assert vinfo["is_success"][i] == info.get("is_success", False)
             assert obs[i].tolist() == vobs[i].tolist()

@@ -40,7 +40,9 @@ def read_yaml(path: str | Path) -> Any:
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {str(path)!r} cannot be read as text ({type(exc).__name__}): expected a YAML file") from None
+        raise ConfigError(
+            f"config file {str(path)!r} cannot be read as text ({type(exc).__name__}): expected a YAML file"
+        ) from None
     if "\0" in text:
         raise ConfigError(f"config file {str(path)!r} holds binary data: expected a YAML file")
     try:
@@ -73,9 +75,7 @@ def zoo_hyperparams(algo: str, env_id: str, config_dir: Path = ZOO_CONFIG_DIR) -
 RUN_RECORD_KEYS = {"algo", "env", "hyperparams", "config_hash"}  # a config.yml written by algorithms.train
 
 
-def user_config(
-    path: str | Path, env_id: str, env_ids: typing.Collection[str], algo: str | None = None
-) -> dict[str, Any]:
+def user_config(path: str | Path, env_id: str, env_ids: typing.Collection[str], algo: str | None = None) -> dict[str, Any]:
     """A --config file: keyed by env id like zoo_configs, a flat mapping of hyperparameters, or
     the config.yml of an earlier run (its resolved hyperparameters, for the same algo and env)."""
     data = read_yaml(path)

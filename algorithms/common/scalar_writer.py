@@ -51,9 +51,7 @@ class ScalarWriter:
     def _write(self, event: Event) -> None:
         data = event.SerializeToString()
         header = struct.pack("<Q", len(data))
-        self._file.write(
-            header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data))
-        )
+        self._file.write(header + struct.pack("<I", masked_crc32c(header)) + data + struct.pack("<I", masked_crc32c(data)))
 
     def add_scalars(self, step: int, scalars: dict[str, float]) -> None:
         values = [Summary.Value(tag=tag, simple_value=float(value)) for tag, value in scalars.items()]

@@ -72,7 +72,9 @@ def env_reply_text(tokenizer, observation: str, answer_closed: bool) -> str:
 
 
 @torch.no_grad()
-def hf_generate(model, tokenizer, contexts: list[list[int]], max_new_tokens: int, temperature: float) -> list[tuple[list[int], list[float]]]:
+def hf_generate(
+    model, tokenizer, contexts: list[list[int]], max_new_tokens: int, temperature: float
+) -> list[tuple[list[int], list[float]]]:
     """Sample one answer per context (left-padded batch); returns (token ids, log-probs) per context."""
     if not contexts:
         return []

@@ -53,18 +53,42 @@ from vcbm_gym.credit.empo import RATIO_SHARING_MODES
 CREDIT_OF_ALGO = {"loop": "loo", "vcbm-loop": "vcbm_blend"}  # the rule when no config names one
 # Keys of the earlier shape (credit: loo | vcbm with vcbm_* beside it) -> their vcbm_blend argument.
 MOVED_KEYS = {
-    "vcbm_beta": "beta", "vcbm_tau": "tau", "vcbm_top_k": "top_k", "vcbm_alpha": "alpha",
-    "vcbm_few_bookmarks": "few_bookmarks", "vcbm_embed_dim": "dim", "memory_capacity": "memory_capacity",
+    "vcbm_beta": "beta",
+    "vcbm_tau": "tau",
+    "vcbm_top_k": "top_k",
+    "vcbm_alpha": "alpha",
+    "vcbm_few_bookmarks": "few_bookmarks",
+    "vcbm_embed_dim": "dim",
+    "memory_capacity": "memory_capacity",
 }
 TINY_MODELS = ("tiny", "tiny-random")
 FINETUNE_MODES = ("auto", "lora", "full")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # LoopConfig fields always written to config.yml (the other GRPOConfig fields only when set)
 REPORTED = (
-    "credit", "credit_kwargs", "kl_abort", "outlier_grad_factor", "outlier_grad_window", "max_turns",
-    "max_new_tokens_per_turn", "truncation_chars", "one_shot", "ratio_sharing", "length_norm", "epsilon",
-    "learning_rate", "lr_scheduler_type", "weight_decay", "max_grad_norm", "num_iterations", "num_generations",
-    "generation_batch_size", "per_device_train_batch_size", "temperature", "bf16", "activation_checkpointing",
+    "credit",
+    "credit_kwargs",
+    "kl_abort",
+    "outlier_grad_factor",
+    "outlier_grad_window",
+    "max_turns",
+    "max_new_tokens_per_turn",
+    "truncation_chars",
+    "one_shot",
+    "ratio_sharing",
+    "length_norm",
+    "epsilon",
+    "learning_rate",
+    "lr_scheduler_type",
+    "weight_decay",
+    "max_grad_norm",
+    "num_iterations",
+    "num_generations",
+    "generation_batch_size",
+    "per_device_train_batch_size",
+    "temperature",
+    "bf16",
+    "activation_checkpointing",
 )
 
 
@@ -136,13 +160,17 @@ def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
     moved = [k for k in mapping if k in MOVED_KEYS]
     if moved:
         new = ", ".join(f"{MOVED_KEYS[k]}: {mapping[k]!r}" for k in moved)
-        raise ConfigError(f"hyperparameters {', '.join(moved)} for algo {algo!r}: the credit rule's settings moved; "
-                          f"expected credit: vcbm_blend and credit_kwargs: {{vcbm_blend: {{{new}}}}}")
+        raise ConfigError(
+            f"hyperparameters {', '.join(moved)} for algo {algo!r}: the credit rule's settings moved; "
+            f"expected credit: vcbm_blend and credit_kwargs: {{vcbm_blend: {{{new}}}}}"
+        )
     if algo in CREDIT_OF_ALGO:
         mapping.setdefault("credit", CREDIT_OF_ALGO[algo])
     elif "credit" in mapping or "credit_kwargs" in mapping:
-        raise ConfigError(f"credit={mapping.get('credit')!r} for algo {algo!r}: trl-grpo keeps TRL's own group advantage; "
-                          f"expected --algo loop or vcbm-loop for a credit rule")
+        raise ConfigError(
+            f"credit={mapping.get('credit')!r} for algo {algo!r}: trl-grpo keeps TRL's own group advantage; "
+            f"expected --algo loop or vcbm-loop for a credit rule"
+        )
     import torch
 
     overrides = mapping.get("cpu_overrides") or {}
@@ -176,8 +204,10 @@ def flag_hyperparams(args: argparse.Namespace) -> dict[str, Any]:
 def _apply_flags(hp: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
     hp = {**hp, **flag_hyperparams(args)}
     if hp["iterations"] < 1 or hp.get("checkpoint_every", 0) < 0:
-        raise ConfigError(f"iterations={hp['iterations']}, checkpoint_every={hp.get('checkpoint_every')}: "
-                          "expected iterations >= 1 and checkpoint_every >= 0")
+        raise ConfigError(
+            f"iterations={hp['iterations']}, checkpoint_every={hp.get('checkpoint_every')}: "
+            "expected iterations >= 1 and checkpoint_every >= 0"
+        )
     return hp
 
 
@@ -259,9 +289,15 @@ def run(ctx: RunContext) -> dict[str, Any]:
     _, cfg = _loop_config(loop_kwargs, f"algo {ctx.algo!r}", ctx.algo)
     needs = info_needs(getattr(cfg, "credit", None), getattr(cfg, "ratio_sharing", "none"))  # trl-grpo: neither
     check_env_reports(ctx.env_id, run_cfg.env_kwargs, needs, ctx.seed)
-    (log_dir / "loop_config.yml").write_text(yaml.safe_dump({**as_plain_dict(run_cfg), **{
-        k: _plain(getattr(cfg, k)) for k in _reported(ctx.algo) + ("use_vllm", "max_steps", "save_steps", "seed")}},
-        sort_keys=False))
+    (log_dir / "loop_config.yml").write_text(
+        yaml.safe_dump(
+            {
+                **as_plain_dict(run_cfg),
+                **{k: _plain(getattr(cfg, k)) for k in _reported(ctx.algo) + ("use_vllm", "max_steps", "save_steps", "seed")},
+            },
+            sort_keys=False,
+        )
+    )
 
     previous_threads = torch.get_num_threads()
     if run_cfg.torch_threads > 0:
@@ -271,15 +307,28 @@ def run(ctx: RunContext) -> dict[str, Any]:
     task_seeds = np.random.default_rng(ctx.seed).integers(0, 2**31 - 1, size=run_cfg.n_tasks)
     dataset = Dataset.from_dict({"prompt": [str(int(s)) for s in task_seeds]})
     full = run_cfg.finetune == "full" or (run_cfg.finetune == "auto" and run_cfg.model in TINY_MODELS)
-    peft_config = None if full else LoraConfig(
-        r=run_cfg.lora_r, lora_alpha=run_cfg.lora_alpha, lora_dropout=run_cfg.lora_dropout,
-        target_modules=list(run_cfg.lora_target_modules), task_type="CAUSAL_LM",
+    peft_config = (
+        None
+        if full
+        else LoraConfig(
+            r=run_cfg.lora_r,
+            lora_alpha=run_cfg.lora_alpha,
+            lora_dropout=run_cfg.lora_dropout,
+            target_modules=list(run_cfg.lora_target_modules),
+            task_type="CAUSAL_LM",
+        )
     )
     writer = SummaryWriter(str(log_dir))
     trainer_class = MultiTurnGRPOTrainer if ctx.algo == "trl-grpo" else LoopTrainer
     trainer = trainer_class(
-        model=model, args=cfg, train_dataset=dataset, processing_class=tokenizer, env_id=ctx.env_id,
-        env_kwargs=run_cfg.env_kwargs, peft_config=peft_config, writer=writer,
+        model=model,
+        args=cfg,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        env_id=ctx.env_id,
+        env_kwargs=run_cfg.env_kwargs,
+        peft_config=peft_config,
+        writer=writer,
     )
     if ctx.report is not None:
         from algorithms.llm.report import ReportIterations
@@ -289,8 +338,10 @@ def run(ctx: RunContext) -> dict[str, Any]:
     resume = getattr(ctx.args, "resume", False)
     checkpoint = latest_complete_checkpoint(ckpt_dir) if resume and ckpt_dir.is_dir() else None
     if resume and checkpoint is None:
-        raise VcbmGymError(f"--resume: no complete checkpoint in {str(ckpt_dir)!r}; expected a run started with "
-                           "--checkpoint-every that saved at least once")
+        raise VcbmGymError(
+            f"--resume: no complete checkpoint in {str(ckpt_dir)!r}; expected a run started with "
+            "--checkpoint-every that saved at least once"
+        )
     if checkpoint is not None and hasattr(trainer, "load_loop_checkpoint"):
         trainer.load_loop_checkpoint(checkpoint)
     try:
@@ -312,6 +363,5 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "memory_size": rule.summary().get("memory_size", 0) if rule is not None else 0,
         **{f"final_{k}": v for k, v in final.items() if k not in ("iteration_time_s", "rollout_time_s", "credit_time_s")},
         "mean_iteration_time_s": float(np.mean([h["iteration_time_s"] for h in trainer.history])) if trainer.history else None,
-        "mean_credit_time_s": float(np.mean([h.get("credit_time_s", 0.0) for h in trainer.history]))
-        if trainer.history else None,
+        "mean_credit_time_s": float(np.mean([h.get("credit_time_s", 0.0) for h in trainer.history])) if trainer.history else None,
     }

@@ -183,8 +183,10 @@ def vllm_answers(completion_ids, logprobs) -> list[tuple[list[int], list[float]]
     such as 0.0 would make the importance ratio and the KL estimate of that token silently wrong.
     """
     if logprobs is None or len(logprobs) != len(completion_ids):
-        raise VcbmGymError(f"vLLM returned log-probs for {0 if logprobs is None else len(logprobs)} of "
-                           f"{len(completion_ids)} completions; expected one per completion (logprobs enabled)")
+        raise VcbmGymError(
+            f"vLLM returned log-probs for {0 if logprobs is None else len(logprobs)} of "
+            f"{len(completion_ids)} completions; expected one per completion (logprobs enabled)"
+        )
     out = []
     for j, (ids, seq) in enumerate(zip(completion_ids, logprobs)):
         values = []
@@ -192,8 +194,10 @@ def vllm_answers(completion_ids, logprobs) -> list[tuple[list[int], list[float]]
             lp = seq[i] if seq is not None and i < len(seq) else None
             value = lp[0] if isinstance(lp, (list, tuple)) and lp else None
             if value is None or not math.isfinite(float(value)):
-                raise VcbmGymError(f"vLLM returned no log-prob for token {i} of completion {j} ({lp!r}); expected the "
-                                   "sampled token's log-prob for every generated token")
+                raise VcbmGymError(
+                    f"vLLM returned no log-prob for token {i} of completion {j} ({lp!r}); expected the "
+                    "sampled token's log-prob for every generated token"
+                )
             values.append(float(value))
         out.append((list(ids), values))
     return out
@@ -284,8 +288,14 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         seeds = [int(p) for p in prompts]
         start = time.perf_counter()
         episodes = play_episodes(
-            self._generate_answers, self.processing_class, self._envs(len(seeds)), seeds,
-            self.args.max_turns, self.args.truncation_chars, self.args.one_shot, self._system_prompt,
+            self._generate_answers,
+            self.processing_class,
+            self._envs(len(seeds)),
+            seeds,
+            self.args.max_turns,
+            self.args.truncation_chars,
+            self.args.one_shot,
+            self._system_prompt,
             lockstep=self.use_vllm and self.accelerator.num_processes > 1,
         )
         self._iter_stats["rollout_time_s"] += time.perf_counter() - start
@@ -594,8 +604,10 @@ class LoopTrainer(MultiTurnGRPOTrainer):
                 raise ValueError(f"non-finite values in {', '.join(bad)}")
             self.credit_rule.load_state_dict(join_state(state["credit_state"], arrays))
         except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:  # zip and JSON errors are ValueErrors too
-            raise VcbmGymError(f"checkpoint {str(folder)!r}: unreadable credit-rule state or loop state ({exc}); "
-                               "expected the files a completed checkpoint writes") from None
+            raise VcbmGymError(
+                f"checkpoint {str(folder)!r}: unreadable credit-rule state or loop state ({exc}); "
+                "expected the files a completed checkpoint writes"
+            ) from None
         self.outlier_grad_events = state["outlier_grad_events"]
         self.aborted_iterations = state["aborted_iterations"]
         self._grad_norms.extend(state["grad_norms"])

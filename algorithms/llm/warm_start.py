@@ -179,8 +179,9 @@ def warm_started_tiny(cfg: WarmStartConfig = WarmStartConfig(), cache_dir: str |
                 shutil.rmtree(staging / "trainer", ignore_errors=True)
                 model.save_pretrained(staging)
                 tokenizer.save_pretrained(staging)
-                (staging / MARKER).write_text(json.dumps({"config": dataclasses.asdict(cfg), "examples": len(examples),
-                                                          "final_sft_loss": loss}))
+                (staging / MARKER).write_text(
+                    json.dumps({"config": dataclasses.asdict(cfg), "examples": len(examples), "final_sft_loss": loss})
+                )
                 if folder.exists():  # an incomplete earlier attempt (no marker)
                     shutil.rmtree(folder)
                 os.rename(staging, folder)

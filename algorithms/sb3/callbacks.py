@@ -51,7 +51,9 @@ def group_ids_for(first_observations: np.ndarray, group_by: str) -> np.ndarray:
     raise ValueError(f"group_by={group_by!r}: expected one of {', '.join(GROUP_BY)}")
 
 
-def rollout_episode_batch(episodes, rewards, observations, actions, values=None, advantages=None, group_by: str = "none") -> EpisodeBatch:
+def rollout_episode_batch(
+    episodes, rewards, observations, actions, values=None, advantages=None, group_by: str = "none"
+) -> EpisodeBatch:
     """Pad the complete episodes of an (n_steps, n_envs, ...) rollout to an EpisodeBatch;
     `values` (n_steps, n_envs), the critic's V(s_t), gives extras["baseline"] = V(s_0) per episode,
     `advantages` (SB3's GAE) gives extras["advantages"] (B, T)."""
@@ -112,7 +114,9 @@ class CreditCallback(BaseCallback):
         self.logger.record("credit/rewritten_step_fraction", rewritten / buf.rewards.size)
         if not episodes:
             return
-        batch = rollout_episode_batch(episodes, buf.rewards, buf.observations, buf.actions, buf.values, buf.advantages, self.group_by)
+        batch = rollout_episode_batch(
+            episodes, buf.rewards, buf.observations, buf.actions, buf.values, buf.advantages, self.group_by
+        )
         self.rule.observe(batch)
         advantages = self.rule.advantages(batch)
         returns = discounted_returns_to_go(batch.rewards, batch.mask, buf.gamma)

@@ -67,11 +67,32 @@ class SB3RunConfig(EpisodeRunConfig):
 
 
 # Constructor arguments the runner sets itself (the env, the credit rule's buffer, logging).
-RUNNER_OWNED = {"self", "policy", "env", "seed", "device", "tensorboard_log", "verbose", "_init_setup_model",
-                "rollout_buffer_class", "rollout_buffer_kwargs", "replay_buffer_class", "replay_buffer_kwargs"}
+RUNNER_OWNED = {
+    "self",
+    "policy",
+    "env",
+    "seed",
+    "device",
+    "tensorboard_log",
+    "verbose",
+    "_init_setup_model",
+    "rollout_buffer_class",
+    "rollout_buffer_kwargs",
+    "replay_buffer_class",
+    "replay_buffer_kwargs",
+}
 # Arguments that must be integers although a float would pass SB3's own annotations unnoticed.
-INTEGER_ARGS = {"n_steps", "batch_size", "n_epochs", "buffer_size", "learning_starts", "gradient_steps",
-                "target_update_interval", "stats_window_size", "sde_sample_freq"}
+INTEGER_ARGS = {
+    "n_steps",
+    "batch_size",
+    "n_epochs",
+    "buffer_size",
+    "learning_starts",
+    "gradient_steps",
+    "target_update_interval",
+    "stats_window_size",
+    "sde_sample_freq",
+}
 # Ranges of the common arguments; SB3 checks few of them and fails late or silently on the rest.
 ARG_RANGES = {
     "learning_rate": POSITIVE, "n_steps": AT_LEAST_ONE, "batch_size": AT_LEAST_ONE, "n_epochs": AT_LEAST_ONE,
@@ -118,8 +139,10 @@ def algo_kwargs(algo: str, mapping: dict[str, Any]) -> dict[str, Any]:
 
 def _unusable_rule(name: str) -> str:
     keys = ", ".join(f"info[{key!r}]" for key in RULE_INFO_KEYS[name])
-    return (f"credit rule {name!r} learns from {keys} per turn, which the SB3 runner does not collect; "
-            f"expected one of: {', '.join(CREDIT_CHOICES)}")
+    return (
+        f"credit rule {name!r} learns from {keys} per turn, which the SB3 runner does not collect; "
+        f"expected one of: {', '.join(CREDIT_CHOICES)}"
+    )
 
 
 def credit_name(value: str) -> str:
@@ -191,7 +214,11 @@ def build_rule(name: str, kwargs: dict[str, Any], env: gym.Env) -> CreditRule | 
 
 
 def episode_steps(env: gym.Env, configured: int | None) -> int:
-    steps = configured or (env.spec.max_episode_steps if env.spec else None) or getattr(getattr(env.unwrapped, "params", None), "horizon", None)
+    steps = (
+        configured
+        or (env.spec.max_episode_steps if env.spec else None)
+        or getattr(getattr(env.unwrapped, "params", None), "horizon", None)
+    )
     if not steps:
         raise ConfigError("the env declares no episode length: set hyperparameter episode_steps")
     return int(steps)

@@ -51,7 +51,9 @@ class EpisodeRedistributionBuffer(ReplayBuffer):
         self.last_redistributed: np.ndarray | None = None
 
     def add(self, obs, next_obs, action, reward, done, infos) -> None:  # type: ignore[override]
-        self._pending.append((np.array(obs), np.array(next_obs), np.array(action), float(np.asarray(reward).reshape(-1)[0]), np.array(done), infos))
+        self._pending.append(
+            (np.array(obs), np.array(next_obs), np.array(action), float(np.asarray(reward).reshape(-1)[0]), np.array(done), infos)
+        )
         if bool(np.asarray(done).reshape(-1)[0]):
             self._flush()
 

@@ -59,8 +59,15 @@ def credit_config(config: RudderConfig) -> RudderCreditConfig:
 class RudderAgent(FirstDecisionAgent):
     config_class = RudderConfig
 
-    def __init__(self, observation_space, action_space, config: RudderConfig, seed: int, component_names=None,
-                 featurizer: Featurizer | None = None) -> None:
+    def __init__(
+        self,
+        observation_space,
+        action_space,
+        config: RudderConfig,
+        seed: int,
+        component_names=None,
+        featurizer: Featurizer | None = None,
+    ) -> None:
         super().__init__(observation_space, action_space, config, seed, component_names)
         featurizer = featurizer or SpaceFeaturizer(observation_space, action_space)
         self.rule = RudderRule(featurizer, config=credit_config(config), seed=seed)

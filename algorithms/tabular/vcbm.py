@@ -48,8 +48,12 @@ from vcbm_gym.credit.welford import RegressionWelford, Welford, two_sample_z, z_
 class VCBMRolesConfig(Validated):
     """Causal-role discovery (Eq. 9-10), shared by vcbm and vcbm+."""
 
-    RANGES = {"warmup_transitions": NON_NEGATIVE, "refresh_every": AT_LEAST_ONE, "eta_clock": UNIT_POSITIVE,
-              "z_thresh": NON_NEGATIVE}  # 0 is allowed: every component that ever changes counts as controlled
+    RANGES = {
+        "warmup_transitions": NON_NEGATIVE,
+        "refresh_every": AT_LEAST_ONE,
+        "eta_clock": UNIT_POSITIVE,
+        "z_thresh": NON_NEGATIVE,
+    }  # 0 is allowed: every component that ever changes counts as controlled
 
     warmup_transitions: int = 2000
     refresh_every: int = 500
@@ -61,8 +65,14 @@ class VCBMRolesConfig(Validated):
 class VCBMConfig(VCBMRolesConfig):
     """Role discovery plus the paper's bookmark policy (Sec. IV-A4)."""
 
-    RANGES = {"forced_visits": NON_NEGATIVE, "n_min": NON_NEGATIVE, "z_action": NON_NEGATIVE, "epsilon_start": UNIT,
-              "epsilon_decay": UNIT_POSITIVE, "epsilon_min": UNIT}
+    RANGES = {
+        "forced_visits": NON_NEGATIVE,
+        "n_min": NON_NEGATIVE,
+        "z_action": NON_NEGATIVE,
+        "epsilon_start": UNIT,
+        "epsilon_decay": UNIT_POSITIVE,
+        "epsilon_min": UNIT,
+    }
 
     forced_visits: int = 60
     n_min: int = 8
@@ -267,8 +277,6 @@ class VCBMAgent(TabularAgent):
                 if w.n > 0
             },
         }
-
-
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -108,9 +108,7 @@ def mirror_public_tasks(data: Path, target: Path) -> None:
         if not task.is_dir(follow_symlinks=False):
             continue
         for folder, subfolders, files in os.walk(task.path):
-            subfolders[:] = [
-                name for name in subfolders if not (folder == task.path and name == "ground_truth")
-            ]
+            subfolders[:] = [name for name in subfolders if not (folder == task.path and name == "ground_truth")]
             out = target / os.path.relpath(folder, data / "tasks")
             out.mkdir(parents=True, exist_ok=True)
             out.chmod(0o755)
@@ -170,9 +168,7 @@ def copy_saved_state(world_dir: Path, task_id: str, target: Path) -> None:
                     continue
                 total += info.st_size
                 if total > MAX_STAGED_BYTES:
-                    raise AppWorldServerError(
-                        f"the world's saved state of task {task_id!r} exceeds {MAX_STAGED_BYTES} bytes"
-                    )
+                    raise AppWorldServerError(f"the world's saved state of task {task_id!r} exceeds {MAX_STAGED_BYTES} bytes")
                 out = os.open(target / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 with os.fdopen(out, "wb") as sink:
                     shutil.copyfileobj(source, sink)
@@ -258,9 +254,7 @@ class AppWorldServer:
             (world / "root" / "experiments").symlink_to("../experiments")
             return [str(venv_python(self.venv)), "-I", str(SERVER_SCRIPT), *server_args]
         if self.role == "world":
-            ro = [
-                (data / name, f"{SANDBOX_ROOT}/data/{name}") for name in ("base_dbs", "api_docs", "datasets")
-            ]
+            ro = [(data / name, f"{SANDBOX_ROOT}/data/{name}") for name in ("base_dbs", "api_docs", "datasets")]
             ro.append((self.public_tasks, f"{SANDBOX_ROOT}/data/tasks"))
             ro = [(source, target) for source, target in ro if Path(source).is_dir()]
         else:
@@ -338,9 +332,7 @@ class AppWorldServer:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if not self.alive():
-                raise AppWorldServerError(
-                    f"AppWorld {self.role} server {self.name} exited at start-up:\n{self.log_tail()}"
-                )
+                raise AppWorldServerError(f"AppWorld {self.role} server {self.name} exited at start-up:\n{self.log_tail()}")
             if self.socket_path.exists():
                 try:
                     self._request("GET", "health", None, 5.0, 1 << 16)
@@ -408,9 +400,7 @@ class AppWorldServer:
             return "(no log)"
 
     # ----------------------------------------------------------------- requests
-    def _request(
-        self, method: str, endpoint: str, payload: dict | None, timeout: float, max_bytes: int
-    ) -> tuple[int, Any]:
+    def _request(self, method: str, endpoint: str, payload: dict | None, timeout: float, max_bytes: int) -> tuple[int, Any]:
         body = None if payload is None else json.dumps(payload).encode()
         headers = {"X-Vcbm-Secret": self._secret}
         if body is not None:
@@ -457,16 +447,12 @@ class AppWorldServer:
         watchdog.daemon = True
         watchdog.start()
         try:
-            status, answer = self._request(
-                "POST" if payload else "GET", endpoint, payload, timeout + 5, max_bytes
-            )
+            status, answer = self._request("POST" if payload else "GET", endpoint, payload, timeout + 5, max_bytes)
         except (OSError, http.client.HTTPException, ValueError) as error:
             if self._overran == generation:
                 reason = f"did not answer /{endpoint} within {timeout:g} s (killed by the watchdog)"
             elif not self.alive():
-                reason = (
-                    f"died during /{endpoint} (exit code {self.process.returncode if self.process else None})"
-                )
+                reason = f"died during /{endpoint} (exit code {self.process.returncode if self.process else None})"
             else:
                 reason = f"broke the protocol on /{endpoint} ({type(error).__name__}: {error})"
             raise self._bad(reason) from None
@@ -476,9 +462,7 @@ class AppWorldServer:
             return answer["output"]
         detail = answer.get("detail", answer)
         if 400 <= status < 500 and status != 401 and not bad_on_4xx:
-            raise AppWorldServerError(
-                f"AppWorld {self.role} server {self.name} refused /{endpoint} (HTTP {status}): {detail}"
-            )
+            raise AppWorldServerError(f"AppWorld {self.role} server {self.name} refused /{endpoint} (HTTP {status}): {detail}")
         raise self._bad(f"answered /{endpoint} with HTTP {status}: {detail}")
 
     def _bad(self, reason: str) -> AppWorldServerError:
@@ -488,9 +472,7 @@ class AppWorldServer:
             outcome = f"it was killed and replaced by a fresh server (replacement #{self.restarts})"
         except AppWorldServerError as error:
             outcome = f"and its replacement failed to start: {error}"
-        return AppWorldServerError(
-            f"AppWorld {self.role} server {self.name} {reason}; {outcome}. Server log: {log!r}"
-        )
+        return AppWorldServerError(f"AppWorld {self.role} server {self.name} {reason}; {outcome}. Server log: {log!r}")
 
 
 _LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()

@@ -42,12 +42,7 @@ class SandboxUnavailableError(RuntimeError):
 
 def positive_seconds(name: str, value: object) -> float:
     """`value` as a finite number of seconds > 0, else a one-line ValueError naming it."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
     return float(value)
 

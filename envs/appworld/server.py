@@ -187,9 +187,7 @@ def build_world_app(root: str, experiment_name: str, secret: str, count_processe
         timeout_seconds: int = Body(100),
         random_seed: int = Body(100),
     ) -> dict:
-        if not re.fullmatch(r"[\w.-]+", task_id) or not os.path.isdir(
-            os.path.join(path_store.data, "tasks", task_id)
-        ):
+        if not re.fullmatch(r"[\w.-]+", task_id) or not os.path.isdir(os.path.join(path_store.data, "tasks", task_id)):
             raise HTTPException(404, f"Unknown task_id {task_id!r}: no such task in the data's tasks folder.")
         if timeout_seconds < 1:
             raise HTTPException(422, f"timeout_seconds must be >= 1, got {timeout_seconds}")
@@ -213,9 +211,7 @@ def build_world_app(root: str, experiment_name: str, secret: str, count_processe
 
         world.save_logs = printable_save_logs
         task = world.task
-        supervisor = {
-            key: task.supervisor[key] for key in ("first_name", "last_name", "email", "phone_number")
-        }
+        supervisor = {key: task.supervisor[key] for key in ("first_name", "last_name", "email", "phone_number")}
         return {
             "output": {
                 "task_id": task.id,
@@ -228,9 +224,7 @@ def build_world_app(root: str, experiment_name: str, secret: str, count_processe
         }
 
     @app.post("/execute")
-    async def execute(
-        task_id: str = Body(...), code: str = Body(...), max_output: int = Body(1_000_000)
-    ) -> dict:
+    async def execute(task_id: str = Body(...), code: str = Body(...), max_output: int = Body(1_000_000)) -> dict:
         world = world_for(task_id)
         if max_output < 1:
             raise HTTPException(422, f"max_output must be >= 1, got {max_output}")
@@ -244,10 +238,7 @@ def build_world_app(root: str, experiment_name: str, secret: str, count_processe
             # an exception escaping AppWorld would leave its guard on (every later open() for
             # writing fails); the pool replaces the server after a 500 anyway
             world.safety_guard.disable()
-        api_calls = [
-            api_of(r["method"].upper(), r["url"])
-            for r in world.requester.request_tracker.requests[requests_before:]
-        ]
+        api_calls = [api_of(r["method"].upper(), r["url"]) for r in world.requester.request_tracker.requests[requests_before:]]
         db_writes = []
         for name, tracker in app_trackers.items():
             for statement, _, _ in tracker.changes[changes_before[name] :]:
@@ -313,9 +304,7 @@ def build_evaluator_app(root: str, secret: str):  # noqa: C901
     @app.post("/evaluate")
     async def evaluate(task_id: str = Body(...), experiment_name: str = Body(...)) -> dict:
         if not info_of(task_id)["has_ground_truth"]:
-            raise HTTPException(
-                422, f"Task {task_id!r} has no ground_truth folder, so it cannot be evaluated."
-            )
+            raise HTTPException(422, f"Task {task_id!r} has no ground_truth folder, so it cannot be evaluated.")
         CachedDBHandler.reset()  # the saved state is loaded from disk, never from an earlier call
         tracker = evaluate_task(task_id, experiment_name, suppress_errors=True, save_report=False)
         CachedDBHandler.reset()
@@ -328,9 +317,7 @@ def build_evaluator_app(root: str, secret: str):  # noqa: C901
         try:
             ids = load_task_ids(split)
         except Exception as error:  # AppWorld raises bare Exception for a missing split file.
-            raise HTTPException(
-                404, f"Split {split!r} not found in the data's datasets folder: {error}"
-            ) from error
+            raise HTTPException(404, f"Split {split!r} not found in the data's datasets folder: {error}") from error
         difficulties = {task_id: info_of(task_id)["difficulty"] for task_id in ids}
         if difficulty is not None:
             ids = [task_id for task_id in ids if difficulties[task_id] == difficulty]
@@ -354,9 +341,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--root", required=True, help="directory that holds AppWorld's data/ folder")
     parser.add_argument("--experiment-name", default="vcbm_gym", help="AppWorld output folder name")
     parser.add_argument("--nproc", type=int, default=0, help="RLIMIT_NPROC for this server (0: unchanged)")
-    parser.add_argument(
-        "--sandboxed", action="store_true", help="inside bwrap's PID namespace: report stray processes"
-    )
+    parser.add_argument("--sandboxed", action="store_true", help="inside bwrap's PID namespace: report stray processes")
     args = parser.parse_args(argv)
     secret = sys.stdin.readline().strip()
     if len(secret) < 32:

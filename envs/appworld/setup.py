@@ -40,9 +40,7 @@ def _run(command: list[str], **kwargs) -> None:
 
 def appworld_installed(venv: Path) -> bool:
     # the apps' source only exists after `appworld install` (checked by path: importing costs seconds)
-    return venv_python(venv).exists() and any(
-        venv.glob("lib/python3*/site-packages/appworld/apps/simple_note/apis.py")
-    )
+    return venv_python(venv).exists() and any(venv.glob("lib/python3*/site-packages/appworld/apps/simple_note/apis.py"))
 
 
 def ensure_venv(venv: Path | None = None) -> Path:
@@ -65,9 +63,7 @@ def synthetic_stamp(tasks_per_scenario: int, seed: int) -> str:
     return f"{digest}-{tasks_per_scenario}-{seed}"
 
 
-def ensure_synthetic_data(
-    venv: Path, root: Path | None = None, tasks_per_scenario: int = 2, seed: int = 0
-) -> Path:
+def ensure_synthetic_data(venv: Path, root: Path | None = None, tasks_per_scenario: int = 2, seed: int = 0) -> Path:
     """Generate synthetic tasks under ROOT/data unless the same generator already did; return ROOT.
 
     The tasks are built in a scratch folder and moved into place with one rename, so a server
@@ -79,9 +75,7 @@ def ensure_synthetic_data(
     if marker.exists() and json.loads(marker.read_text()).get("stamp") == stamp:
         return root
     if (root / "data" / "tasks").is_dir() and not marker.exists():
-        raise RuntimeError(
-            f"{root}/data holds non-synthetic AppWorld data; refusing to overwrite it with synthetic tasks"
-        )
+        raise RuntimeError(f"{root}/data holds non-synthetic AppWorld data; refusing to overwrite it with synthetic tasks")
     root.mkdir(parents=True, exist_ok=True)
     scratch = root / f".synthetic-{os.getpid()}"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -150,9 +144,7 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="data root (default $VCBM_APPWORLD_ROOT or ~/.cache/vcbm_gym/appworld)",
     )
-    parser.add_argument(
-        "--download-data", action="store_true", help="download the real AppWorld data (needs internet)"
-    )
+    parser.add_argument("--download-data", action="store_true", help="download the real AppWorld data (needs internet)")
     parser.add_argument("--tasks-per-scenario", type=int, default=2, help="synthetic tasks per scenario")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic tasks")
     args = parser.parse_args(argv)

@@ -124,9 +124,7 @@ def _requirement_block(requirement: str, body: str) -> str:
 
 def _evaluation(blocks: list[tuple[str, str]]) -> str:
     header = (
-        ANSWER_OF_TASK
-        + "\n\n\n"
-        + ("def evaluate(test, public_data, private_data, main_user, models, ground_truth_answer):")
+        ANSWER_OF_TASK + "\n\n\n" + ("def evaluate(test, public_data, private_data, main_user, models, ground_truth_answer):")
     )
     return header + "\n" + "\n".join(_requirement_block(r, b) for r, b in blocks) + "\n"
 
@@ -176,7 +174,9 @@ def count_notes(rng: random.Random) -> TaskSpec:
 
 def create_note(rng: random.Random) -> TaskSpec:
     notes = _random_notes(rng, rng.randint(2, 5))
-    title = f"{rng.choice(['Call', 'Email', 'Visit'])} {rng.choice(FIRST_NAMES)} about the {rng.choice(['lease', 'invoice', 'trip'])}"
+    title = (
+        f"{rng.choice(['Call', 'Email', 'Visit'])} {rng.choice(FIRST_NAMES)} about the {rng.choice(['lease', 'invoice', 'trip'])}"
+    )
     content = f"Remember to ask about {rng.choice(['dates', 'prices', 'the contract', 'parking'])}."
     return TaskSpec(
         instruction=f'Create a note in SimpleNote titled "{title}" with the content "{content}".',
@@ -398,12 +398,8 @@ def build_task(data_dir: str, task_id: str, difficulty: int, spec: TaskSpec, rng
     memory_home = f":memory:synthetic-{task_id}"
     freezer = set_local_date_and_time(TASK_DATETIME)
     try:
-        set_local_dbs(
-            to_db_home_path=memory_home, from_db_home_path=os.path.join(data_dir, "base_dbs"), app_names=apps
-        )
-        admin, supervisor_app, simple_note = (
-            import_models_module(a) for a in ("admin", "supervisor", "simple_note")
-        )
+        set_local_dbs(to_db_home_path=memory_home, from_db_home_path=os.path.join(data_dir, "base_dbs"), app_names=apps)
+        admin, supervisor_app, simple_note = (import_models_module(a) for a in ("admin", "supervisor", "simple_note"))
         first, last = rng.choice(FIRST_NAMES), rng.choice(LAST_NAMES)
         person = {
             "first_name": first,
@@ -417,9 +413,7 @@ def build_task(data_dir: str, task_id: str, difficulty: int, spec: TaskSpec, rng
         supervisor_app.Task.create_save(supervisor_id=supervisor.id, instruction=spec.instruction)
         for account in ("simple_note", "gmail", "todoist"):
             secret = password if account == "simple_note" else "pw-" + account + str(rng.randint(1000, 9999))
-            supervisor_app.AccountPassword.create_save(
-                supervisor_id=supervisor.id, account_name=account, password=secret
-            )
+            supervisor_app.AccountPassword.create_save(supervisor_id=supervisor.id, account_name=account, password=secret)
         user = simple_note.User.create_save(
             first_name=first, last_name=last, email=person["email"], password=password, verified=True
         )
@@ -473,9 +467,7 @@ def build_task(data_dir: str, task_id: str, difficulty: int, spec: TaskSpec, rng
         file.write(f"# Canary String: {CANARY_STRING}\n" + spec.evaluation_code)
 
 
-def generate(
-    out: str, tasks_per_scenario: int = 2, seed: int = 0, splits: tuple[str, ...] = SPLITS
-) -> dict[str, list[str]]:
+def generate(out: str, tasks_per_scenario: int = 2, seed: int = 0, splits: tuple[str, ...] = SPLITS) -> dict[str, list[str]]:
     """Write the synthetic data under `out/data`; return split -> task ids."""
     out = os.path.abspath(out)
     os.environ["APPWORLD_ROOT"] = out
@@ -499,9 +491,7 @@ def generate(
         os.makedirs(os.path.join(data_dir, "datasets"), exist_ok=True)
         with open(os.path.join(data_dir, "datasets", f"{split}.txt"), "w") as file:
             file.write("\n".join(ids) + "\n")
-    _write_json(
-        {"synthetic": True, "seed": seed, "splits": split_ids}, os.path.join(data_dir, "synthetic.json")
-    )
+    _write_json({"synthetic": True, "seed": seed, "splits": split_ids}, os.path.join(data_dir, "synthetic.json"))
     return split_ids
 
 

@@ -75,7 +75,7 @@ def effect_cell_ids(
         order = rng.permutation(len(positions))
         start, shuffled = 0, []
         for group in groups:
-            shuffled.append([positions[k] for k in order[start:start + len(group)]])
+            shuffled.append([positions[k] for k in order[start : start + len(group)]])
             start += len(group)
         groups = shuffled
     for cell, group in enumerate(groups):
@@ -111,8 +111,10 @@ def shared_ratios(
     token enter R_K. Gradients flow to logp_new only (logp_old is detached).
     """
     if not (logp_new.shape == logp_old.shape == mask.shape == turn_ids.shape) or logp_new.dim() != 2:
-        raise ValueError(f"logp_new {tuple(logp_new.shape)}, logp_old {tuple(logp_old.shape)}, mask "
-                         f"{tuple(mask.shape)}, turn_ids {tuple(turn_ids.shape)}: expected equal (B, T) shapes")
+        raise ValueError(
+            f"logp_new {tuple(logp_new.shape)}, logp_old {tuple(logp_old.shape)}, mask "
+            f"{tuple(mask.shape)}, turn_ids {tuple(turn_ids.shape)}: expected equal (B, T) shapes"
+        )
     if cell_ids.dim() != 2 or cell_ids.shape[0] != logp_new.shape[0]:
         raise ValueError(f"cell_ids {tuple(cell_ids.shape)}: expected (B={logp_new.shape[0]}, n_turns)")
     import torch
@@ -125,8 +127,9 @@ def shared_ratios(
         return token_ratio
     batch_index = torch.arange(logp_new.shape[0], device=logp_new.device)[:, None].expand_as(turn_ids)
     response = torch.where(trained, batch_index * n_turns + turn_ids.clamp(min=0), torch.zeros_like(turn_ids))
-    token_cell = torch.where(trained, cell_ids.to(turn_ids.device)[batch_index, turn_ids.clamp(0, n_turns - 1)],
-                             torch.full_like(turn_ids, -1))
+    token_cell = torch.where(
+        trained, cell_ids.to(turn_ids.device)[batch_index, turn_ids.clamp(0, n_turns - 1)], torch.full_like(turn_ids, -1)
+    )
     in_cell = token_cell >= 0
     if not in_cell.any():
         return token_ratio
@@ -135,7 +138,8 @@ def shared_ratios(
     flat_response = response[in_cell]
     log_sum = torch.zeros(n_responses, dtype=delta.dtype, device=delta.device).index_add(0, flat_response, delta[in_cell])
     n_tokens = torch.zeros(n_responses, dtype=delta.dtype, device=delta.device).index_add(
-        0, flat_response, torch.ones_like(delta[in_cell]))
+        0, flat_response, torch.ones_like(delta[in_cell])
+    )
     has_tokens = n_tokens > 0
     response_log_ratio = torch.where(has_tokens, log_sum / n_tokens.clamp(min=1), log_sum) if length_norm else log_sum
     response_ratio = torch.exp(response_log_ratio)
@@ -145,9 +149,11 @@ def shared_ratios(
     members = has_tokens & (response_cell >= 0)
     n_cells = int(response_cell.max()) + 1
     cell_sum = torch.zeros(n_cells, dtype=delta.dtype, device=delta.device).index_add(
-        0, response_cell[members], response_ratio[members])
+        0, response_cell[members], response_ratio[members]
+    )
     cell_size = torch.zeros(n_cells, dtype=delta.dtype, device=delta.device).index_add(
-        0, response_cell[members], torch.ones_like(response_ratio[members]))
+        0, response_cell[members], torch.ones_like(response_ratio[members])
+    )
     cell_ratio = cell_sum / cell_size.clamp(min=1)
 
     shared = torch.zeros_like(token_ratio)

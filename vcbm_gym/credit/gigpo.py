@@ -42,8 +42,13 @@ def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
     return out
 
 
-def step_group_advantages(keys: list[list[Hashable]], turn_returns: list[np.ndarray], group_ids: np.ndarray,
-                          normalise_std: bool = True, eps: float = 1e-4) -> list[np.ndarray]:
+def step_group_advantages(
+    keys: list[list[Hashable]],
+    turn_returns: list[np.ndarray],
+    group_ids: np.ndarray,
+    normalise_std: bool = True,
+    eps: float = 1e-4,
+) -> list[np.ndarray]:
     """A^S per turn: returns normalised within groups of (task group, anchor key)."""
     members: dict[tuple, list[tuple[int, int]]] = {}
     for b, episode_keys in enumerate(keys):
@@ -67,8 +72,7 @@ class GiGPORule(CreditRule):
     name = "gigpo"
     batch_needs = ("group_ids", "extras['anchor_keys'] | observations")
 
-    def __init__(self, step_weight: float = 1.0, gamma: float = 0.95, normalise_std: bool = True,
-                 eps: float = 1e-4) -> None:
+    def __init__(self, step_weight: float = 1.0, gamma: float = 0.95, normalise_std: bool = True, eps: float = 1e-4) -> None:
         if not 0 <= gamma <= 1 or eps < 0:
             raise ValueError(f"gamma={gamma}, eps={eps}: expected 0 <= gamma <= 1 and eps >= 0")
         self.step_weight, self.gamma = float(step_weight), float(gamma)
@@ -85,8 +89,9 @@ class GiGPORule(CreditRule):
             turns = self._turns(batch, b)
             if given is not None:
                 if len(given[b]) <= (turns.max() if len(turns) else -1):
-                    raise ValueError(f"anchor_keys[{b}] has {len(given[b])} keys: expected one per turn "
-                                     f"(turn ids up to {turns.max()})")
+                    raise ValueError(
+                        f"anchor_keys[{b}] has {len(given[b])} keys: expected one per turn (turn ids up to {turns.max()})"
+                    )
                 keys.append([given[b][j] for j in turns])
             elif batch.observations is not None:
                 first_step = [int(np.flatnonzero(batch.mask[b] & (batch.step_turn[b] == j))[0]) for j in turns]
@@ -100,8 +105,7 @@ class GiGPORule(CreditRule):
         keys = self.anchor_keys(batch)
         turn_returns = []
         for b in range(batch.batch_size):
-            turn_rewards = [batch.rewards[b][batch.mask[b] & (batch.step_turn[b] == j)].sum()
-                            for j in self._turns(batch, b)]
+            turn_rewards = [batch.rewards[b][batch.mask[b] & (batch.step_turn[b] == j)].sum() for j in self._turns(batch, b)]
             turn_returns.append(discounted_returns(np.array(turn_rewards), self.gamma))
         step = step_group_advantages(keys, turn_returns, batch.group_ids, self.normalise_std, self.eps)
         out = batch.broadcast(episode)

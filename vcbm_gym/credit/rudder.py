@@ -169,7 +169,9 @@ class GatelessLSTM(nn.Module):
     score of repair minus keep is the same for every brand and the task cannot be learned.
     """
 
-    def __init__(self, n_features: int, hidden_size: int = 16, init_std: float = 0.1, input_gate_bias: float = -3.0, seed: int = 0):
+    def __init__(
+        self, n_features: int, hidden_size: int = 16, init_std: float = 0.1, input_gate_bias: float = -3.0, seed: int = 0
+    ):
         super().__init__()
         self.cell_input = nn.Linear(n_features, hidden_size)  # W, b
         self.recurrent_gate = nn.Linear(hidden_size, hidden_size, bias=False)  # R
@@ -203,7 +205,9 @@ class GatelessLSTM(nn.Module):
         return self.readout(self.cell_states(features)).squeeze(-1)
 
 
-def rudder_loss(predictions: torch.Tensor, target: torch.Tensor, lengths: torch.Tensor, aux_weight: float = 0.5) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def rudder_loss(
+    predictions: torch.Tensor, target: torch.Tensor, lengths: torch.Tensor, aux_weight: float = 0.5
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Eq. 4: (main + aux_weight * aux, main, aux) for (B, T) predictions and (B,) targets G0.
 
     main = mean_b (G_hat_{T_b - 1} - G0_b)^2 at each episode's last step; aux = mean over every
@@ -333,8 +337,15 @@ class AdamState:
         return cls(0, [np.zeros_like(p) for p in params], [np.zeros_like(p) for p in params])
 
 
-def adam_step(params: list[np.ndarray], grads: list[np.ndarray], state: AdamState, lr: float, weight_decay: float,
-              betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+def adam_step(
+    params: list[np.ndarray],
+    grads: list[np.ndarray],
+    state: AdamState,
+    lr: float,
+    weight_decay: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> None:
     """One torch.optim.Adam step, in place on the parameter arrays (tested against torch)."""
     beta1, beta2 = betas
     state.step += 1
@@ -373,7 +384,9 @@ def train_until_converged(model: GatelessLSTM, adam: AdamState, buffer: LessonBu
 
 
 @torch.no_grad()
-def redistribute(model: GatelessLSTM, features: np.ndarray | torch.Tensor, reward_scale: float = 10.0, lengths: np.ndarray | None = None) -> np.ndarray:
+def redistribute(
+    model: GatelessLSTM, features: np.ndarray | torch.Tensor, reward_scale: float = 10.0, lengths: np.ndarray | None = None
+) -> np.ndarray:
     """Eq. 5: r_t = R_scale (G_hat_t - G_hat_{t-1}), G_hat_{-1} = 0, for (B, T, F) or (T, F) features.
 
     Telescopes: sum_t r_t = R_scale * G_hat at the episode's last step. Steps at or past `lengths`
@@ -403,8 +416,9 @@ class RudderRule(CreditRule):
     name = "rudder"
     batch_needs = ("observations", "actions")
 
-    def __init__(self, featurizer: Featurizer | None = None, *, config: RudderCreditConfig | None = None, seed: int = 0,
-                 **overrides: Any) -> None:
+    def __init__(
+        self, featurizer: Featurizer | None = None, *, config: RudderCreditConfig | None = None, seed: int = 0, **overrides: Any
+    ) -> None:
         if not isinstance(featurizer, Featurizer):
             raise ValueError(
                 f"featurizer={featurizer!r}: expected per-step features with `n_features` "
@@ -414,7 +428,9 @@ class RudderRule(CreditRule):
         if overrides:
             unknown = sorted(set(overrides) - set(asdict(cfg)))
             if unknown:
-                raise ValueError(f"unknown RudderRule option(s) {unknown}; expected fields of RudderCreditConfig: {sorted(asdict(cfg))}")
+                raise ValueError(
+                    f"unknown RudderRule option(s) {unknown}; expected fields of RudderCreditConfig: {sorted(asdict(cfg))}"
+                )
             cfg = RudderCreditConfig(**{**asdict(cfg), **overrides})
         self.config, self.featurizer = cfg, featurizer
         n_features = int(featurizer.n_features)
@@ -451,7 +467,9 @@ class RudderRule(CreditRule):
 
         features = self.featurizer(real(batch.observations), real(batch.actions))
         if features.shape[:2] != batch.mask.shape or features.shape[2] != self.model.cell_input.in_features:
-            raise ValueError(f"featurizer output {features.shape}: expected {batch.mask.shape + (self.model.cell_input.in_features,)}")
+            raise ValueError(
+                f"featurizer output {features.shape}: expected {batch.mask.shape + (self.model.cell_input.in_features,)}"
+            )
         return features, lengths
 
     def _training_due(self) -> bool:
@@ -480,8 +498,11 @@ class RudderRule(CreditRule):
         return redistribute(self.model, features, self.config.reward_scale, lengths)
 
     def summary(self) -> dict[str, Any]:
-        return {"n_features": int(self.featurizer.n_features), "episodes_seen": self.episodes_seen,
-                "training_events": self.training_events}
+        return {
+            "n_features": int(self.featurizer.n_features),
+            "episodes_seen": self.episodes_seen,
+            "training_events": self.training_events,
+        }
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -502,8 +523,10 @@ class RudderRule(CreditRule):
         if state["config"] != asdict(self.config):
             raise ValueError("RudderRule.load_state_dict: the saved config differs from this rule's config")
         if state["n_features"] != self.featurizer.n_features:
-            raise ValueError(f"RudderRule.load_state_dict: saved with {state['n_features']} features, "
-                             f"expected this rule's featurizer's {self.featurizer.n_features}")
+            raise ValueError(
+                f"RudderRule.load_state_dict: saved with {state['n_features']} features, "
+                f"expected this rule's featurizer's {self.featurizer.n_features}"
+            )
         self.model.load_state_dict(state["model"])
         optimizer = state["optimizer"]
         self.adam = AdamState(

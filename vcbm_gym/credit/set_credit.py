@@ -165,8 +165,9 @@ def shapley_sampled(
     return marginals.mean(axis=0), se, n
 
 
-def shapley(values: CoalitionValues, m: int | None = None, target_se: float = 1e-3,
-            rng: np.random.Generator | None = None) -> np.ndarray:
+def shapley(
+    values: CoalitionValues, m: int | None = None, target_se: float = 1e-3, rng: np.random.Generator | None = None
+) -> np.ndarray:
     """Exact Shapley for m <= 10 (or any table), permutation sampling for a callable with m > 10."""
     if callable(values) and m is not None and m > EXACT_SHAPLEY_MAX_M:
         return shapley_sampled(values, m, target_se, rng if rng is not None else np.random.default_rng())[0]
@@ -175,8 +176,13 @@ def shapley(values: CoalitionValues, m: int | None = None, target_se: float = 1e
 
 def set_credit(rule: str, values: CoalitionValues, m: int | None = None) -> np.ndarray:
     """Per-action credit of one of COALITION_RULES."""
-    funcs = {"broadcast": broadcast_credit, "singleton": singleton_credit, "loo": loo_credit,
-             "banzhaf": banzhaf_credit, "shapley": shapley}
+    funcs = {
+        "broadcast": broadcast_credit,
+        "singleton": singleton_credit,
+        "loo": loo_credit,
+        "banzhaf": banzhaf_credit,
+        "shapley": shapley,
+    }
     if rule not in funcs:
         raise ValueError(f"credit rule {rule!r}: expected one of {', '.join(COALITION_RULES)}")
     return funcs[rule](values, m)
@@ -217,8 +223,7 @@ def zero_sum_shaping(credit: np.ndarray, bound: float, mode: str = "project") ->
     return z
 
 
-def shape_step_advantages(base_advantage: np.ndarray | float, span_ids: np.ndarray, z: np.ndarray,
-                          beta: float) -> np.ndarray:
+def shape_step_advantages(base_advantage: np.ndarray | float, span_ids: np.ndarray, z: np.ndarray, beta: float) -> np.ndarray:
     """A_t = A^(g) + beta * z[span_ids[t]] on steps (tokens) of action span_ids[t] >= 0; shared
     steps (span id -1) keep A^(g). `base_advantage` is a scalar or per-step array."""
     span_ids = np.asarray(span_ids, dtype=np.int64)
@@ -258,9 +263,15 @@ class CASIShapingRule(CreditRule):
     name = "casi"
     batch_needs = ("extras['coalition_values']",)
 
-    def __init__(self, beta: float = 1.0, bound: float = 1.0, base: str = "loo", credit: str = "shapley",
-                 shaping_mode: str = "project",
-                 evaluator: Callable[[EpisodeBatch, int], CoalitionValues] | None = None) -> None:
+    def __init__(
+        self,
+        beta: float = 1.0,
+        bound: float = 1.0,
+        base: str = "loo",
+        credit: str = "shapley",
+        shaping_mode: str = "project",
+        evaluator: Callable[[EpisodeBatch, int], CoalitionValues] | None = None,
+    ) -> None:
         if credit not in COALITION_RULES:
             raise ValueError(f"credit={credit!r}: expected one of {', '.join(COALITION_RULES)}")
         if base == self.name:
@@ -284,8 +295,11 @@ class CASIShapingRule(CreditRule):
         n_actions = batch.extras.get("n_actions")
         for b in range(batch.batch_size):
             values = sources[b] if sources is not None else self.evaluator(batch, b)
-            m = None if not callable(values) else (
-                int(n_actions[b]) if n_actions is not None else int(batch.step_turn[b].max()) + 1)
+            m = (
+                None
+                if not callable(values)
+                else (int(n_actions[b]) if n_actions is not None else int(batch.step_turn[b].max()) + 1)
+            )
             table = coalition_table(values, m)
             z = zero_sum_shaping(set_credit(self.credit, table), self.bound, self.shaping_mode)
             steps = batch.mask[b]

@@ -242,8 +242,15 @@ class VCBMBlendRule(CreditRule):
         for b in range(batch.batch_size):
             turns, keys = self._bookmarks(batch, b)
             out[b] = retrieval_weights(
-                batch.step_turn[b], batch.mask[b], turns, keys, hash_embed(batch.final_texts[b], self.dim),
-                self.top_k, self.tau, self.alpha, self.few_bookmarks,
+                batch.step_turn[b],
+                batch.mask[b],
+                turns,
+                keys,
+                hash_embed(batch.final_texts[b], self.dim),
+                self.top_k,
+                self.tau,
+                self.alpha,
+                self.few_bookmarks,
             )
         return out
 

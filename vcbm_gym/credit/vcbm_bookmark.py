@@ -138,7 +138,9 @@ class VCBMBookmarkRule(CreditRule):
             raise ValueError("vcbm_bookmark needs batch.observations (B, T, n_components) and batch.actions (B, T)")
         obs, actions = self._integers(batch.observations), self._integers(batch.actions)
         if obs.ndim != 3 or obs.shape[:2] != batch.mask.shape or actions.shape != batch.mask.shape:
-            raise ValueError(f"observations {obs.shape}, actions {actions.shape}: expected (B, T, n) and (B, T), (B, T) = {batch.mask.shape}")
+            raise ValueError(
+                f"observations {obs.shape}, actions {actions.shape}: expected (B, T, n) and (B, T), (B, T) = {batch.mask.shape}"
+            )
         if np.any(batch.mask & ((actions < 0) | (actions > 1))):
             raise ValueError("vcbm_bookmark's causal-role test compares two actions: expected actions in {0, 1}")
         if self.stats is None:
@@ -151,9 +153,10 @@ class VCBMBookmarkRule(CreditRule):
             "returns": self.returns.state_dict(),
             "change_counts": None if stats is None else stats.change_counts.copy(),
             "action_counts": None if stats is None else stats.action_counts.copy(),
-            "pre_change_states": None if stats is None else [
-                np.array(sorted(s), dtype=np.int64).reshape(len(s), stats.change_counts.shape[0])
-                for s in stats.pre_change_states
+            "pre_change_states": None
+            if stats is None
+            else [
+                np.array(sorted(s), dtype=np.int64).reshape(len(s), stats.change_counts.shape[0]) for s in stats.pre_change_states
             ],
         }
 
