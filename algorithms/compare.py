@@ -374,7 +374,7 @@ def table_markdown(results: dict[str, Any]) -> str:
         fraction = agg["fraction_converged"]
         lines.append(
             f"| {label} | {_with_ci(agg['median'])} | {_with_ci(agg['iqm'])} | {_with_ci(agg['mean'])} | "
-            f"{100 * fraction['estimate']:.0f}% [{100 * fraction['ci_low']:.0f}%, {100 * fraction['ci_high']:.0f}%] |"
+            f"{_percent(fraction['estimate'])} [{_percent(fraction['ci_low'])}, {_percent(fraction['ci_high'])}] |"
         )
     if any(entry["n_converged"] < len(entry["seeds"]) for entry in results["algos"].values()):
         lines += [
@@ -396,6 +396,11 @@ def table_markdown(results: dict[str, Any]) -> str:
             "(P(fewer episodes) + P(tie) / 2 = (1 + r) / 2).",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _percent(value: float) -> str:
+    """A fraction as a percentage with one decimal: 199/200 reads 99.5%, never a rounded-up 100%."""
+    return f"{100 * value:.1f}%"
 
 
 def _with_ci(estimate: dict[str, Any], spec: str = ",.1f") -> str:
