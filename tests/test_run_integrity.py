@@ -396,6 +396,9 @@ def test_a_killed_compare_leaves_no_worker_and_resumes_to_the_same_results(tmp_p
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        # a suite started in the background by a non-interactive shell inherits SIGINT ignored, and so
+        # would compare (Python keeps an inherited SIG_IGN): give it the disposition a terminal gives
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 120
     while not list(out.glob("*/seed*/summary.json")) and process.poll() is None and time.monotonic() < deadline:
