@@ -1,6 +1,7 @@
 """Run under torchrun --nproc_per_node 2: real gather_object over gloo, groups split across ranks."""
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -35,4 +36,6 @@ out = {}
 for credit in ("loo", "grpo", "gigpo", "vcbm_blend"):
     adv = make_rule(credit).advantages(full)[start : start + 3, :width]
     out[credit] = adv[:, -1].tolist()
-print("RESULT", rank, start, full.batch_size, json.dumps(out), flush=True)
+# one write() per rank: both ranks share torchrun's stdout pipe, and a write under PIPE_BUF bytes is not
+# interleaved with the other rank's (print may split a line into several writes)
+os.write(1, f"RESULT {rank} {start} {full.batch_size} {json.dumps(out)}\n".encode())
