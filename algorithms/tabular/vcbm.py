@@ -186,7 +186,10 @@ class VCBMAgent(TabularAgent):
         """Count the buffered transitions into `self.stats` (ChangeStatistics.update_many)."""
         if self._pending:
             states, actions, next_states = zip(*self._pending)
-            self.stats.update_many(np.stack(states), np.asarray(actions), np.stack(next_states))
+            n = len(actions)
+            # concatenate + reshape, not np.stack: stack makes a view of every row first (~4x slower for 500 rows)
+            states, next_states = np.concatenate(states).reshape(n, -1), np.concatenate(next_states).reshape(n, -1)
+            self.stats.update_many(states, np.asarray(actions), next_states)
             self._pending = []
 
     def refresh_roles(self) -> None:
