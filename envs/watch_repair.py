@@ -282,6 +282,8 @@ class WatchRepairEnv(gym.Env):
         self._optimal = self.params.optimal_first_action().tolist()
         self._horizon = self.params.horizon
         self._states: np.ndarray | None = None  # (T + 1, 5) once the first action is known
+        self._observations: list[np.ndarray] = []  # what step() returns: rows of a copy of _states
+        self._info: dict[str, Any] = {}  # step()'s info (copied per step) once the first action is known
         self._rewards: list[float] = []
         self._t = 0
         self._brand = 0
@@ -306,16 +308,18 @@ class WatchRepairEnv(gym.Env):
             draws = self.dynamics.draw([self.np_random], brand, first_action)
             states, rewards = self.dynamics.rollout(brand, first_action, draws)
             self._states, self._rewards = states[0], rewards[0].tolist()
+            # The observations handed out are the rows of one copy per episode (not one copy per step):
+            # a caller writing into one changes neither the env's trajectory nor another step's observation.
+            self._observations = list(states[0].copy())
+            # the info is the same at every step of the episode once the first decision is made
+            optimal = self._optimal[self._brand]
+            self._info = {"brand": self._brand, "optimal_first_action": optimal, "first_decision_optimal": first == optimal}
         self._t = t + 1
-        info = {
-            "brand": self._brand,
-            "optimal_first_action": self._optimal[self._brand],
-            "first_decision_optimal": self._first_action == self._optimal[self._brand],
-        }
+        info = self._info.copy()
         terminated = t + 1 >= self._horizon
         if terminated:
             info["is_success"] = info["first_decision_optimal"]
-        return self._states[t + 1].copy(), self._rewards[t], terminated, False, info
+        return self._observations[t + 1], self._rewards[t], terminated, False, info
 
     def credit_featurizer(self) -> WatchRepairFeaturizer:
         """The env contract's hook: RUDDER's WatchRepair input features for this env's constants."""

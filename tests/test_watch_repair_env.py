@@ -25,6 +25,29 @@ def test_make_and_env_checkers_pass():
     assert env.observation_space == gym.spaces.MultiDiscrete([2, 51, 51, 4, 51])
 
 
+def test_make_without_the_order_wrapper_still_refuses_step_before_reset():
+    """WatchRepair-v0 is registered without OrderEnforcing (issue 15): the env refuses it itself."""
+    env = gym.make("WatchRepair-v0", disable_env_checker=True)
+    assert env.unwrapped is env
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step(KEEP)
+
+
+def test_observations_do_not_alias_each_other_or_the_trajectory():
+    """step() hands out rows of one copy per episode: writing into one changes nothing else."""
+    env = WatchRepairEnv(horizon=4, render_mode="ansi")
+    first, _ = env.reset(seed=1)
+    first[:] = -1
+    observations = [env.step(REPAIR)[0]]
+    observations[0][:] = -1
+    observations += [env.step(KEEP)[0] for _ in range(3)]
+    assert [obs[4] for obs in observations[1:]] == [2, 3, 4] and observations[-1][0] == 1
+    assert env.render().endswith("timestep=4") and "repaired_flag=1" in env.render()
+    again = WatchRepairEnv(horizon=4)
+    again.reset(seed=1)
+    assert [again.step(a)[0].tolist() for a in (REPAIR, KEEP, KEEP, KEEP)][1:] == [o.tolist() for o in observations[1:]]
+
+
 def test_make_with_module_prefix_needs_no_prior_import():
     code = "import gymnasium as gym; env = gym.make('vcbm_gym:WatchRepair-v0'); print(env.unwrapped.params.horizon)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
