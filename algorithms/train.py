@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -109,13 +110,21 @@ def config_diff(old: dict[str, Any], new: dict[str, Any], limit: int = 3) -> str
     return ", ".join(parts) + (f" and {len(keys) - limit} more" if len(keys) > limit else "") or "no setting (hash only)"
 
 
-def environment_record() -> dict[str, Any]:
+@functools.cache
+def package_versions() -> dict[str, str]:
+    """Read once per process: each lookup parses a METADATA file (~1 ms), and a process that runs
+    many seeds (compare, the speed benchmark) would pay it per run; the modules loaded do not change."""
     versions = {"python": platform.python_version(), "vcbm-gym": vcbm_gym.__version__}
     for name in PACKAGES:
         try:
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             pass
+    return versions
+
+
+def environment_record() -> dict[str, Any]:
+    versions = dict(package_versions())
     commit = dirty = None
     try:
         run = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, timeout=10)  # noqa: E731

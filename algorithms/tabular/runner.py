@@ -62,17 +62,19 @@ def run(ctx: RunContext) -> dict[str, Any]:
     start = time.perf_counter()
     bar = tqdm(total=run_cfg.max_episodes, desc=f"{ctx.algo} seed {ctx.seed}", unit="ep", disable=not ctx.progress)
     obs, info = env.reset(seed=ctx.seed)
+    act, step, observe = agent.act, env.step, agent.observe  # looked up once: the inner loop runs ~60k times a run
     try:
         for episode in range(1, run_cfg.max_episodes + 1):
             if episode > 1:
                 obs, info = env.reset()
             episode_return, done = 0.0, False
             while not done:
-                action = agent.act(obs)
-                next_obs, reward, terminated, truncated, info = env.step(action)
+                action = act(obs)
+                next_obs, reward, terminated, truncated, info = step(action)
                 done = terminated or truncated
-                agent.observe(obs, action, float(reward), next_obs, done)
-                episode_return += float(reward)
+                reward = float(reward)
+                observe(obs, action, reward, next_obs, done)
+                episode_return += reward
                 obs = next_obs
             scalars = agent.end_episode()
             just_converged = outcomes.update(info, episode_return)
