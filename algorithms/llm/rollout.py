@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper
 
 from algorithms.llm.prompting import initial_messages, prompt_chars, truncate_messages
 
@@ -71,11 +72,53 @@ def env_reply_text(tokenizer, observation: str, answer_closed: bool) -> str:
     return tail + full[len(closed) :]
 
 
+class _SampledLogprobs(LogitsProcessor):
+    """Records, per generated step, the log-prob of the token sampled from that step's scores.
+
+    Placed last in the processor list, it sees the scores the sampler draws from (after the
+    temperature warper) and returns them unchanged. Step t's token is only known at step t+1 (the
+    last column of `input_ids`), so it keeps one step's scores, [batch, vocab], and gathers then;
+    the last step is gathered after `generate` from the returned sequences (`finish`).
+    """
+
+    def __init__(self) -> None:
+        self.steps: list[torch.Tensor] = []  # [batch] per step
+        self._pending: torch.Tensor | None = None
+
+    def _gather(self, tokens: torch.Tensor) -> None:
+        logps = torch.log_softmax(self._pending.float(), dim=-1)  # one step: [batch, vocab]
+        self.steps.append(logps.gather(-1, tokens.reshape(-1, 1).to(logps.device)).squeeze(-1).cpu())
+        self._pending = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._pending is not None:
+            self._gather(input_ids[:, -1])
+        self._pending = scores
+        return scores
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """[batch, steps] log-probs of `new_tokens` (the generated columns of the returned sequences)."""
+        if self._pending is not None and len(self.steps) < new_tokens.shape[1]:
+            self._gather(new_tokens[:, len(self.steps)])
+        self._pending = None
+        n = new_tokens.shape[1]
+        return torch.stack(self.steps[:n], dim=1) if n else torch.zeros((new_tokens.shape[0], 0))
+
+
 @torch.no_grad()
 def hf_generate(
     model, tokenizer, contexts: list[list[int]], max_new_tokens: int, temperature: float
 ) -> list[tuple[list[int], list[float]]]:
-    """Sample one answer per context (left-padded batch); returns (token ids, log-probs) per context."""
+    """Sample one answer per context (left-padded batch); returns (token ids, log-probs) per context.
+
+    Log-probs are those of the sampled tokens only, under the temperature-scaled distribution they
+    were drawn from: one step's [batch, vocab] log-softmax at a time (`_SampledLogprobs`), never the
+    [batch, steps, vocab] stack that `output_scores=True` keeps (about 22 GB for 24 episodes x
+    1,500 steps at a 152k vocabulary). The values are those of `log_softmax(scores)[token]`.
+    Temperature is applied by our own warper just before the recorder, and every other warper is
+    switched off, so the recorder is the last processor (transformers appends its own warpers after
+    the caller's processors).
+    """
     if not contexts:
         return []
     pad = tokenizer.pad_token_id
@@ -86,31 +129,42 @@ def hf_generate(
         input_ids[i, width - len(c) :] = torch.tensor(c)
         attention[i, width - len(c) :] = 1
     device = next(model.parameters()).device
+    recorder = _SampledLogprobs()
+    processors = LogitsProcessorList([recorder])
+    if temperature != 1.0:
+        processors.insert(0, TemperatureLogitsWarper(temperature))
     was_training = model.training
     model.eval()
-    out = model.generate(
-        input_ids=input_ids.to(device),
-        attention_mask=attention.to(device),
-        max_new_tokens=max_new_tokens,
-        do_sample=True,
-        temperature=temperature,
-        top_p=1.0,
-        top_k=0,
-        pad_token_id=pad,
-        eos_token_id=tokenizer.eos_token_id,
-        return_dict_in_generate=True,
-        output_scores=True,
-    )
-    if was_training:
-        model.train()
-    new = out.sequences[:, width:].cpu()
-    logps = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1).cpu()
+    try:
+        sequences = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            max_new_tokens=max_new_tokens,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            min_p=None,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            top_h=None,
+            renormalize_logits=False,
+            logits_processor=processors,
+            pad_token_id=pad,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    finally:
+        if was_training:
+            model.train()
+    new = sequences[:, width:].cpu()
+    logps = recorder.finish(new)
     results = []
     for i in range(len(contexts)):
         ids, lps = [], []
         for j, tok in enumerate(new[i].tolist()):
             ids.append(tok)
-            lps.append(float(logps[i, j, tok]))
+            lps.append(float(logps[i, j]))
             if tok == tokenizer.eos_token_id:
                 break
         results.append((ids, lps))
