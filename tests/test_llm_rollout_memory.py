@@ -65,3 +65,122 @@ def test_sampled_token_logprobs_equal_the_full_vocabulary_log_softmax(temperatur
         assert [ids for ids, _ in new] == [ids for ids, _ in old]  # the same samples
         assert [lps for _, lps in new] == [lps for _, lps in old]  # bit for bit
         assert all(len(ids) == len(lps) > 0 for ids, lps in new)
+
+
+class TwoRanks:
+    """Two ranks simulated by two threads of one process: accelerate's gather_object and
+    broadcast_object_list as TRL's vLLM generation calls them, meeting at a barrier."""
+
+    def __init__(self, n: int = 2):
+        self.n, self.barrier, self.local = n, threading.Barrier(n, timeout=20), threading.local()
+        self.slots: list = [None] * n
+
+    @property
+    def rank(self) -> int:
+        return self.local.rank
+
+    def gather_object(self, obj):
+        self.slots[self.rank] = list(obj)
+        self.barrier.wait()
+        out = [x for slot in self.slots for x in slot]
+        self.barrier.wait()
+        return out
+
+    def broadcast_object_list(self, obj_list, from_process=0):
+        if self.rank == from_process:
+            self.slots[0] = obj_list[0]
+        self.barrier.wait()
+        obj_list[0] = self.slots[0]
+        self.barrier.wait()
+        return obj_list
+
+    def run(self, work):
+        results, errors = [None] * self.n, []
+
+        def target(rank):
+            self.local.rank = rank
+            try:
+                results[rank] = work(rank)
+            except BaseException as exc:  # reported by the main thread
+                errors.append(exc)
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=target, args=(r,)) for r in range(self.n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
+
+
+def completion_of(prompt):
+    """The fake server's completion: a function of the prompt, so a misplaced answer shows."""
+    return [1000 + sum(prompt) % 997, len(prompt)]
+
+
+class FakeClient:
+    def generate(self, prompts, features=None, n=1, **kwargs):
+        completions = [completion_of(p) for p in prompts for _ in range(n)]
+        return {"prompt_ids": prompts, "completion_ids": completions, "logprobs": [[[-0.5]] * len(c) for c in completions]}
+
+
+def server_generation(rank, ranks, n_processes=2):
+    """TRL's own VLLMGeneration in server mode, its collectives and client faked (no vllm needed)."""
+    from types import SimpleNamespace
+
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    gen = object.__new__(VLLMGeneration)
+    gen.accelerator = SimpleNamespace(process_index=rank, is_main_process=rank == 0, num_processes=n_processes)
+    gen.mode, gen.tensor_parallel_size, gen.enable_sleep_mode = "server", 1, False
+    gen.temperature, gen.top_p, gen.top_k, gen.min_p, gen.repetition_penalty = 1.0, 1.0, 0, 0.0, 1.0
+    gen.max_completion_length, gen.logprobs, gen.structured_outputs_regex, gen.generation_kwargs = 8, 0, None, {}
+    gen.vllm_client = FakeClient()
+    return gen
+
+
+# contexts per turn and rank: unequal counts, then a rank with none left (lockstep), then none at all
+TURNS = {0: [[[1, 2], [3, 4, 5], [6]], [[7, 8]]], 1: [[[9], [10, 11]], []], 2: [[], []]}
+
+
+def _play_turns(monkeypatch, turn, ranks):
+    import trl.generation.vllm_generation as vg
+
+    monkeypatch.setattr(vg, "gather_object", ranks.gather_object)
+    monkeypatch.setattr(vg, "broadcast_object_list", ranks.broadcast_object_list)
+
+    def work(rank):
+        gen = server_generation(rank, ranks)
+        return [turn(gen, TURNS[t][rank], ranks) for t in sorted(TURNS)]
+
+    return ranks.run(work)
+
+
+def _expected():
+    return [[[(completion_of(c), [-0.5, -0.5]) for c in TURNS[t][rank]] for t in sorted(TURNS)] for rank in range(2)]
+
+
+def test_vllm_turn_gives_every_episode_its_own_completion_with_unequal_counts_per_rank(monkeypatch):
+    import accelerate.utils
+
+    from algorithms.llm.trainer import gather_counts, vllm_turn
+
+    ranks = TwoRanks()
+    monkeypatch.setattr(accelerate.utils, "gather_object", ranks.gather_object)  # what gather_counts calls
+    answers = _play_turns(monkeypatch, lambda gen, contexts, ranks: vllm_turn(gen, contexts, gather_counts, [0]), ranks)
+    assert answers == _expected()
+
+
+def test_trl_vllm_generation_alone_misplaces_completions_with_unequal_counts(monkeypatch):
+    """The behaviour vllm_turn corrects (TRL 1.16 slices rank r's completions at r * len(prompts))."""
+    from algorithms.llm.trainer import vllm_answers
+
+    def unpadded(gen, contexts, ranks):
+        _, completion_ids, logprobs, _ = gen.generate(prompts=contexts, images=None, num_generations=1)
+        return vllm_answers(completion_ids, logprobs)
+
+    answers = _play_turns(monkeypatch, unpadded, TwoRanks())
+    assert answers != _expected()
+    assert answers[1][0] == [(completion_of([3, 4, 5]), [-0.5, -0.5])]  # rank 1's episode got rank 0's second answer

@@ -203,6 +203,33 @@ def vllm_answers(completion_ids, logprobs) -> list[tuple[list[int], list[float]]
     return out
 
 
+def gather_counts(n: int) -> list[int]:
+    """Every process's number of contexts this turn, in rank order (a collective: every process calls it)."""
+    from accelerate.utils import gather_object
+
+    return [int(c) for c in gather_object([n])]
+
+
+def vllm_turn(gen, contexts: list[list[int]], counts=gather_counts, dummy: list[int] | None = None):
+    """One turn of TRL's vLLM generation for this process's contexts, one answer per context.
+
+    TRL 1.16's `VLLMGeneration.generate` gathers every rank's prompts (server mode: all processes;
+    colocate with tensor parallelism: the TP group) and hands rank r back the completions at
+    [r * len(prompts), (r + 1) * len(prompts)): right only when every rank passes as many prompts.
+    In a multi-turn rollout the ranks' live episodes differ, so with `counts` (every process's
+    count, a collective) each process pads its contexts to the largest count with `dummy` prompts
+    and drops their answers; when no process has a context, nothing is generated. `counts=None`
+    (one process, or colocate without tensor parallelism: no gather) passes the contexts as they are.
+    """
+    n = len(contexts)
+    width = max(counts(n)) if counts is not None else n
+    if width == 0:
+        return []
+    prompts = list(contexts) + [list(dummy or [0])] * (width - n)
+    _, completion_ids, logprobs, _ = gen.generate(prompts=prompts, images=None, num_generations=1)
+    return vllm_answers(completion_ids[:n], None if logprobs is None else logprobs[:n])
+
+
 def context_keys(episodes: list[Episode]) -> list[list[str]]:
     """EMPO context of every turn: the task, the turn index and the whole conversation before it."""
     keys = []
@@ -280,8 +307,9 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         """One turn through TRL's vLLM engine (server or colocate); unverified here (no GPU, no vllm)."""
         gen = self.vllm_generation  # GRPOTrainer._generate synced its weights before calling _rollout
         gen.max_completion_length = self.args.max_new_tokens_per_turn  # per turn, not per episode
-        _, completion_ids, logprobs, _ = gen.generate(prompts=contexts, images=None, num_generations=1)
-        return vllm_answers(completion_ids, logprobs)
+        gathers = self.accelerator.num_processes > 1 and (gen.mode == "server" or gen.tensor_parallel_size > 1)
+        dummy = [self.processing_class.eos_token_id]
+        return vllm_turn(gen, contexts, gather_counts if gathers else None, dummy)
 
     def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict[str, list]:
         """TRL rollout_func: the dataset's prompt column carries each task's env seed."""
