@@ -184,3 +184,67 @@ def test_trl_vllm_generation_alone_misplaces_completions_with_unequal_counts(mon
     answers = _play_turns(monkeypatch, unpadded, TwoRanks())
     assert answers != _expected()
     assert answers[1][0] == [(completion_of([3, 4, 5]), [-0.5, -0.5])]  # rank 1's episode got rank 0's second answer
+
+
+def _scripted_episode(tok, max_episode_tokens=None, max_turns=6):
+    import gymnasium as gym
+
+    from algorithms.llm.rollout import play_episodes
+
+    answers = iter(["Thought : fix it Action : repair ( )"] + ["Thought : wait for it Action : wait ( )"] * 5)
+    steps = []
+
+    def scripted(contexts):
+        ids = tok(next(answers), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+        return [(ids, [-0.1 * (k + 1) for k in range(len(ids))])] * len(contexts)
+
+    env = gym.make("TextWatchRepair-v0")
+    step = env.step
+
+    def recording_step(action):
+        steps.append(action)
+        return step(action)
+
+    env.step = recording_step
+    (e,) = play_episodes(scripted, tok, [env], [11], max_turns=max_turns, max_episode_tokens=max_episode_tokens)
+    return e, steps
+
+
+def test_max_episode_tokens_cuts_the_answer_that_crosses_it_and_ends_the_episode():
+    _, tok = build_tiny(0)
+    full, full_steps = _scripted_episode(tok)
+    assert not full.token_bound_reached and len(full_steps) == 6
+    turn2 = full.turn_ids.index(2)  # where turn 2's answer starts in the completion
+    bound = len(full.prompt_ids) + turn2 + 3  # three tokens of turn 2's answer fit
+    e, steps = _scripted_episode(tok, max_episode_tokens=bound)
+    assert e.token_bound_reached and e.done
+    assert len(e.prompt_ids) + len(e.completion_ids) == bound
+    assert e.completion_ids == full.completion_ids[: turn2 + 3]
+    assert e.logprobs == full.logprobs[: turn2 + 3] and e.logprobs[-3:] == [-0.1, -0.2, -0.30000000000000004]
+    assert len(e.env_mask) == len(e.turn_ids) == len(e.completion_ids)
+    # the env took the cut answer as turn 2's action, and the turn records stay aligned with the turn ids
+    assert len(steps) == 3 and steps[2] == tok.decode(e.completion_ids[turn2:], skip_special_tokens=True)
+    assert len(e.state_mutating) == len(e.turn_texts) == len(e.effects) == 3 == max(e.turn_ids) + 1
+    assert e.final_text == e.messages[-1]["content"]
+    # a bound inside the env's reply after turn 1: the episode ends with turn 1, the reply left out
+    reply_end = len(full.prompt_ids) + turn2
+    e, steps = _scripted_episode(tok, max_episode_tokens=reply_end)
+    assert e.token_bound_reached and len(steps) == 2 and max(e.turn_ids) == 1 and e.env_mask[-1] == 1
+    assert len(e.prompt_ids) + len(e.completion_ids) < reply_end
+    # a bound that the whole episode fits under changes nothing
+    e, _ = _scripted_episode(tok, max_episode_tokens=len(full.prompt_ids) + len(full.completion_ids) + 1)
+    assert not e.token_bound_reached and e.completion_ids == full.completion_ids
+
+
+def test_max_episode_tokens_refuses_a_first_prompt_that_fills_it_and_bad_values():
+    from algorithms.common.errors import VcbmGymError
+    from algorithms.llm.config import LoopConfig
+
+    _, tok = build_tiny(0)
+    with pytest.raises(VcbmGymError, match=r"max_episode_tokens=50; expected max_episode_tokens > \d+") as info:
+        _scripted_episode(tok, max_episode_tokens=50)
+    assert "\n" not in str(info.value)
+    for bad in (0, 1):
+        with pytest.raises(ValueError, match=f"max_episode_tokens={bad}: expected None or an integer >= 2"):
+            LoopConfig(output_dir="unused", use_cpu=True, max_episode_tokens=bad)
+    assert LoopConfig(output_dir="unused", use_cpu=True).max_episode_tokens is None

@@ -24,6 +24,7 @@ import gymnasium as gym
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper
 
+from algorithms.common.errors import VcbmGymError
 from algorithms.llm.prompting import initial_messages, prompt_chars, truncate_messages
 
 
@@ -44,6 +45,7 @@ class Episode:
     last_info: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, str]] = field(default_factory=list)
     done: bool = False
+    token_bound_reached: bool = False  # ended by max_episode_tokens (its last answer possibly cut)
 
     @property
     def n_generated(self) -> int:
@@ -181,18 +183,31 @@ def play_episodes(
     one_shot: bool = True,
     system_prompt: str | None = None,
     lockstep: bool = False,
+    max_episode_tokens: int | None = None,
 ) -> list[Episode]:
     """Play one episode per env, env i reset with seed task_seeds[i]; all turns batched.
 
     `lockstep`: call `generate` on every one of the `max_turns` turns, with no contexts once this
     process's episodes are over, so that collective generation (vLLM across processes) never waits
     on a process that stopped early.
+
+    `max_episode_tokens` bounds each training sequence (prompt + completion tokens): an answer that
+    would cross it is cut at the bound (a prefix of a sample: its log-probs stay exact), the env
+    still takes the (cut) answer as that turn's action, and the episode ends there with the return
+    it has, as at the turn limit; so does an episode whose next environment reply would leave no
+    room for a generated token. Such episodes are marked `token_bound_reached`. A first prompt that
+    already fills the bound is refused (VcbmGymError, one line). None: no bound.
     """
     episodes = []
     for env, seed in zip(envs, task_seeds):
         obs, info = env.reset(seed=int(seed))
         messages = initial_messages(str(obs), one_shot, system_prompt)
         ids = tokenizer(render(tokenizer, messages, True), add_special_tokens=False)["input_ids"]
+        if max_episode_tokens is not None and len(ids) >= max_episode_tokens:
+            raise VcbmGymError(
+                f"task seed {int(seed)}: the first prompt is {len(ids)} tokens, which leaves no room to generate under "
+                f"max_episode_tokens={max_episode_tokens}; expected max_episode_tokens > {len(ids)}"
+            )
         episodes.append(Episode(task_seed=int(seed), prompt_ids=list(ids), messages=messages, last_info=dict(info)))
     for turn in range(max_turns):
         live = [i for i, e in enumerate(episodes) if not e.done]
@@ -208,6 +223,11 @@ def play_episodes(
         answers = generate(contexts)
         for i, (ids, lps) in zip(live, answers):
             e, env = episodes[i], envs[i]
+            if max_episode_tokens is not None:
+                room = max_episode_tokens - len(e.prompt_ids) - len(e.completion_ids)
+                if len(ids) >= room:  # this answer reaches the bound: the episode's last turn
+                    ids, lps = ids[:room], lps[:room]
+                    e.token_bound_reached = True
             e.completion_ids += ids
             e.env_mask += [1] * len(ids)
             e.logprobs += lps
@@ -221,12 +241,15 @@ def play_episodes(
             e.decision_turns.append(bool(info.get("is_decision_turn", False)))
             e.last_info = dict(info)
             e.messages += [{"role": "assistant", "content": text}, {"role": "user", "content": str(obs)}]
-            e.done = bool(terminated or truncated) or turn == max_turns - 1
+            e.done = bool(terminated or truncated) or turn == max_turns - 1 or e.token_bound_reached
+            if not e.done:
+                closed = bool(ids) and ids[-1] == tokenizer.eos_token_id
+                reply = tokenizer(env_reply_text(tokenizer, str(obs), closed), add_special_tokens=False)["input_ids"]
+                if max_episode_tokens is not None and len(e.prompt_ids) + len(e.completion_ids) + len(reply) >= max_episode_tokens:
+                    e.done = e.token_bound_reached = True  # no room for the next answer
             if e.done:
                 e.final_text = str(obs)
             else:
-                closed = bool(ids) and ids[-1] == tokenizer.eos_token_id
-                reply = tokenizer(env_reply_text(tokenizer, str(obs), closed), add_special_tokens=False)["input_ids"]
                 e.completion_ids += reply
                 e.env_mask += [0] * len(reply)
                 e.logprobs += [0.0] * len(reply)

@@ -280,6 +280,9 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         self._iter_start = time.perf_counter()
         self.history: list[dict[str, float]] = []
         self._system_prompt = load_object(args.system_prompt)(args.one_shot) if args.system_prompt else None
+        # the training sequence's bound: max_episode_tokens, else the model's context length (None: unbounded)
+        context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        self.episode_token_bound = args.max_episode_tokens if args.max_episode_tokens is not None else context
         super().__init__(
             model=model,
             reward_funcs=[episode_return_reward],
@@ -308,7 +311,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         gen = self.vllm_generation  # GRPOTrainer._generate synced its weights before calling _rollout
         gen.max_completion_length = self.args.max_new_tokens_per_turn  # per turn, not per episode
         gathers = self.accelerator.num_processes > 1 and (gen.mode == "server" or gen.tensor_parallel_size > 1)
-        dummy = [self.processing_class.eos_token_id]
+        dummy = [self.processing_class.eos_token_id or 0]
         return vllm_turn(gen, contexts, gather_counts if gathers else None, dummy)
 
     def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict[str, list]:
@@ -325,6 +328,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             self.args.one_shot,
             self._system_prompt,
             lockstep=self.use_vllm and self.accelerator.num_processes > 1,
+            max_episode_tokens=self.episode_token_bound,
         )
         self._iter_stats["rollout_time_s"] += time.perf_counter() - start
         self._episodes = episodes
@@ -354,6 +358,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         s = self._iter_stats
         s["mean_return"] = float(np.mean([e.episode_return for e in episodes]))
         s["mean_output_tokens"] = float(np.mean([e.n_generated for e in episodes]))
+        s["token_bound_rate"] = float(np.mean([e.token_bound_reached for e in episodes]))
         turns = [x for e in episodes for x in e.effects]
         s["invalid_turn_rate"] = float(np.mean([x == "invalid" for x in turns])) if turns else 0.0
         # advantage mass on deciding turns (evaluation-only `is_decision_turn`), as the loss sees it
@@ -378,6 +383,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             "invalid_turn_rate": s["invalid_turn_rate"],
             "decision_advantage_mass": s["decision_advantage_mass"],
             "decision_token_share": s["decision_token_share"],
+            "token_bound_rate": s["token_bound_rate"],
             "iteration_time_s": time.perf_counter() - self._iter_start,
             "rollout_time_s": s["rollout_time_s"],
         }
