@@ -248,3 +248,24 @@ def test_max_episode_tokens_refuses_a_first_prompt_that_fills_it_and_bad_values(
         with pytest.raises(ValueError, match=f"max_episode_tokens={bad}: expected None or an integer >= 2"):
             LoopConfig(output_dir="unused", use_cpu=True, max_episode_tokens=bad)
     assert LoopConfig(output_dir="unused", use_cpu=True).max_episode_tokens is None
+
+
+def test_memory_estimate_states_its_formula():
+    from algorithms.llm.trainer import logprob_memory_line
+
+    line = logprob_memory_line(8192, 152_064, 8, 48, use_vllm=False)
+    assert "sequence bound x vocab x batch x 4 B = 8,192 x 152,064 x 8 x 4 B = 37.1 GiB" in line
+    assert "5 x 48 x 152,064 x 4 B = 139.2 MiB per generated token" in line and "= 512.0 MiB per tile" in line
+    assert "no estimate" in logprob_memory_line(None, 100, 2, 2, use_vllm=True)
+
+
+def test_the_runner_prints_the_memory_estimate_at_start_up(tmp_path, capfd):
+    from algorithms.train import run
+
+    args = ["--algo", "loop", "--env", "TextWatchRepair-v0", "--model", "tiny-random", "--no-progress"]
+    small = ["finetune=lora", "max_new_tokens_per_turn=8", "generation_batch_size=8", "per_device_train_batch_size=8"]
+    summary = run(args + ["--iterations", "1", "--log-dir", str(tmp_path), "--hyperparams", "max_episode_tokens=4000", *small])
+    assert summary["iterations_run"] == 1 and summary["final_token_bound_rate"] == 0.0
+    lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith("log-prob memory estimate:")]
+    assert len(lines) == 1
+    assert "sequence bound x vocab x batch x 4 B = 4,000 x " in lines[0] and " x 8 x 4 B = " in lines[0]

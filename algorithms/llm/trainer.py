@@ -230,6 +230,39 @@ def vllm_turn(gen, contexts: list[list[int]], counts=gather_counts, dummy: list[
     return vllm_answers(completion_ids[:n], None if logprobs is None else logprobs[:n])
 
 
+def _size(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"
+
+
+def logprob_memory_line(bound: int | None, vocab: int, batch: int, rollout_episodes: int, use_vllm: bool) -> str:
+    """The start-up estimate of the log-prob paths' peak memory (fp32), formulas stated.
+
+    Full logits ([batch, sequence, vocab], what a log_softmax over the whole sequence takes) is the
+    reference; this arm computes less: rollouts keep one step's [episodes, vocab] scores at a time
+    (hf_generate; vLLM returns the sampled tokens' log-probs), and TRL's fused LM head scores the
+    training sequence in tiles of at most 4,096 tokens x 32,768 vocabulary entries.
+    """
+    if bound is None:
+        full = "full logits: sequence unbounded (max_episode_tokens unset, the model reports no context length), no estimate"
+    else:
+        full = (
+            f"full logits would take sequence bound x vocab x batch x 4 B = {bound:,} x {vocab:,} x {batch} x 4 B = "
+            f"{_size(bound * vocab * batch * 4)}"
+        )
+    rollout = (
+        "rollout: vLLM's sampled-token log-probs"
+        if use_vllm
+        else f"rollout ~5 x episodes x vocab x 4 B = 5 x {rollout_episodes} x {vocab:,} x 4 B = "
+        f"{_size(5 * rollout_episodes * vocab * 4)} per generated token"
+    )
+    tokens = 4096 if bound is None else min(batch * bound, 4096)
+    tile = tokens * min(vocab, 32768) * 4
+    return (
+        f"log-prob memory estimate: {full}; this run: {rollout}, training (TRL fused LM head) "
+        f"min(batch x bound, 4096) x min(vocab, 32768) x 4 B = {_size(tile)} per tile"
+    )
+
+
 def context_keys(episodes: list[Episode]) -> list[list[str]]:
     """EMPO context of every turn: the task, the turn index and the whole conversation before it."""
     keys = []
