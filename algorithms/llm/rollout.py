@@ -80,16 +80,19 @@ class _SampledLogprobs(LogitsProcessor):
     Placed last in the processor list, it sees the scores the sampler draws from (after the
     temperature warper) and returns them unchanged. Step t's token is only known at step t+1 (the
     last column of `input_ids`), so it keeps one step's scores, [batch, vocab], and gathers then;
-    the last step is gathered after `generate` from the returned sequences (`finish`).
+    the last step is gathered after `generate` from the returned sequences (`finish`). The values
+    go into one preallocated [batch, max_new_tokens] tensor (no small allocation per step).
     """
 
-    def __init__(self) -> None:
-        self.steps: list[torch.Tensor] = []  # [batch] per step
+    def __init__(self, batch: int, max_new_tokens: int) -> None:
+        self.logps = torch.zeros((batch, max_new_tokens))
+        self.n = 0  # steps gathered
         self._pending: torch.Tensor | None = None
 
     def _gather(self, tokens: torch.Tensor) -> None:
         logps = torch.log_softmax(self._pending.float(), dim=-1)  # one step: [batch, vocab]
-        self.steps.append(logps.gather(-1, tokens.reshape(-1, 1).to(logps.device)).squeeze(-1).cpu())
+        self.logps[:, self.n] = logps.gather(-1, tokens.reshape(-1, 1).to(logps.device)).squeeze(-1).cpu()
+        self.n += 1
         self._pending = None
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -100,11 +103,10 @@ class _SampledLogprobs(LogitsProcessor):
 
     def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
         """[batch, steps] log-probs of `new_tokens` (the generated columns of the returned sequences)."""
-        if self._pending is not None and len(self.steps) < new_tokens.shape[1]:
-            self._gather(new_tokens[:, len(self.steps)])
+        if self._pending is not None and self.n < new_tokens.shape[1]:
+            self._gather(new_tokens[:, self.n])
         self._pending = None
-        n = new_tokens.shape[1]
-        return torch.stack(self.steps[:n], dim=1) if n else torch.zeros((new_tokens.shape[0], 0))
+        return self.logps[:, : new_tokens.shape[1]]
 
 
 @torch.no_grad()
@@ -131,7 +133,7 @@ def hf_generate(
         input_ids[i, width - len(c) :] = torch.tensor(c)
         attention[i, width - len(c) :] = 1
     device = next(model.parameters()).device
-    recorder = _SampledLogprobs()
+    recorder = _SampledLogprobs(len(contexts), max_new_tokens)
     processors = LogitsProcessorList([recorder])
     if temperature != 1.0:
         processors.insert(0, TemperatureLogitsWarper(temperature))
