@@ -122,7 +122,7 @@ def main(argv=None) -> None:
     b, a = rows["before"], rows["after"]
     full = args.episodes * args.steps * args.vocab * 4
     print(
-        f"vocab {args.vocab:,}, {args.episodes} episodes x {args.steps} steps, tiny Qwen2 "
+        f"vocab {args.vocab:,}, {args.episodes} episodes x {args.steps} steps, temperature {args.temperature}, tiny Qwen2 "
         f"(one [episodes, steps, vocab] fp32 tensor: {full / mib:,.0f} MiB)"
     )
     print(f"{'':28}{'before (full log_softmax)':>28}{'after (sampled tokens)':>26}{'ratio':>9}")

@@ -247,7 +247,8 @@ def play_episodes(
             if not e.done:
                 closed = bool(ids) and ids[-1] == tokenizer.eos_token_id
                 reply = tokenizer(env_reply_text(tokenizer, str(obs), closed), add_special_tokens=False)["input_ids"]
-                if max_episode_tokens is not None and len(e.prompt_ids) + len(e.completion_ids) + len(reply) >= max_episode_tokens:
+                length = len(e.prompt_ids) + len(e.completion_ids) + len(reply)
+                if max_episode_tokens is not None and length >= max_episode_tokens:
                     e.done = e.token_bound_reached = True  # no room for the next answer
             if e.done:
                 e.final_text = str(obs)
