@@ -343,9 +343,9 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         """One turn through TRL's vLLM engine (server or colocate); unverified here (no GPU, no vllm)."""
         gen = self.vllm_generation  # GRPOTrainer._generate synced its weights before calling _rollout
         gen.max_completion_length = self.args.max_new_tokens_per_turn  # per turn, not per episode
-        gathers = self.accelerator.num_processes > 1 and (gen.mode == "server" or gen.tensor_parallel_size > 1)
-        dummy = [self.processing_class.eos_token_id or 0]
-        return vllm_turn(gen, contexts, gather_counts if gathers else None, dummy)
+        if self.accelerator.num_processes > 1 and (gen.mode == "server" or gen.tensor_parallel_size > 1):
+            return vllm_turn(gen, contexts, gather_counts, [self.processing_class.eos_token_id or 0])  # TRL gathers: pad
+        return vllm_turn(gen, contexts, None)
 
     def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict[str, list]:
         """TRL rollout_func: the dataset's prompt column carries each task's env seed."""
