@@ -198,7 +198,9 @@ def test_missing_vllm_log_probs_fail_loudly():
 
     def answers(logprobs):
         fake = types.SimpleNamespace(
-            vllm_generation=FakeGeneration(logprobs), args=types.SimpleNamespace(max_new_tokens_per_turn=4)
+            vllm_generation=FakeGeneration(logprobs),
+            args=types.SimpleNamespace(max_new_tokens_per_turn=4),
+            accelerator=types.SimpleNamespace(num_processes=1),
         )
         out = MultiTurnGRPOTrainer._vllm_generate(fake, [[1], [2]])
         assert fake.vllm_generation.max_completion_length == 4  # per turn

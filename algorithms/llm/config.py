@@ -15,6 +15,12 @@ Names that could be confused:
   `num_iterations` optimizer steps, each over the whole batch (gradient accumulation is set to
   the number of micro-batches per generation batch).
 - `epsilon` is the PPO clip range of Eq. 8 (0.1 here, TRL's default is 0.2).
+- `max_episode_tokens` bounds a training sequence (an episode's prompt + completion tokens, which
+  otherwise grows with every turn): an answer that would cross it is cut at the bound, the env
+  takes the cut answer as that turn's action, and the episode ends there with the return it has
+  (as at the turn limit), marked in the `token_bound_rate` metric; a first prompt that already
+  fills it is refused. None (the default) bounds by the model's context length
+  (`config.max_position_embeddings`), and leaves the sequence unbounded for a model that reports none.
 - `max_turns` is the trainer's turn limit; it must be at least the env's own (`max_turns`, or
   AppWorld's `max_interactions`), which the trainer checks when it makes the envs: a shorter
   limit would cut every episode before its reward.
@@ -94,6 +100,10 @@ class MultiTurnGRPOConfig(GRPOConfig):
     max_turns: int = field(default=50, metadata={"help": "turns per episode (>= the env's own limit)"})
     max_new_tokens_per_turn: int = field(default=1500, metadata={"help": "generated tokens per turn"})
     truncation_chars: int = field(default=20_000, metadata={"help": "prompt length that triggers 3-stage truncation"})
+    max_episode_tokens: int | None = field(
+        default=None,
+        metadata={"help": "bound on an episode's prompt + completion tokens (None: the model's context length)"},
+    )
     one_shot: bool = field(default=True, metadata={"help": "include the one-shot ReAct example"})
     system_prompt: str | None = field(
         default=None,
@@ -110,6 +120,8 @@ class MultiTurnGRPOConfig(GRPOConfig):
         for name in ("max_turns", "max_new_tokens_per_turn", "truncation_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: expected an integer >= 1")
+        if self.max_episode_tokens is not None and (isinstance(self.max_episode_tokens, bool) or self.max_episode_tokens < 2):
+            raise ValueError(f"max_episode_tokens={self.max_episode_tokens}: expected None or an integer >= 2")
         self.max_completion_length = self.max_turns * self.max_new_tokens_per_turn
         super().__post_init__()
         # One optimizer step per pass over the generation batch: the iteration's `num_iterations`

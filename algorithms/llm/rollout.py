@@ -22,7 +22,9 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper
 
+from algorithms.common.errors import VcbmGymError
 from algorithms.llm.prompting import initial_messages, prompt_chars, truncate_messages
 
 
@@ -43,6 +45,7 @@ class Episode:
     last_info: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, str]] = field(default_factory=list)
     done: bool = False
+    token_bound_reached: bool = False  # ended by max_episode_tokens (its last answer possibly cut)
 
     @property
     def n_generated(self) -> int:
@@ -71,11 +74,55 @@ def env_reply_text(tokenizer, observation: str, answer_closed: bool) -> str:
     return tail + full[len(closed) :]
 
 
+class _SampledLogprobs(LogitsProcessor):
+    """Records, per generated step, the log-prob of the token sampled from that step's scores.
+
+    Placed last in the processor list, it sees the scores the sampler draws from (after the
+    temperature warper) and returns them unchanged. Step t's token is only known at step t+1 (the
+    last column of `input_ids`), so it keeps one step's scores, [batch, vocab], and gathers then;
+    the last step is gathered after `generate` from the returned sequences (`finish`). The values
+    go into one preallocated [batch, max_new_tokens] tensor (no small allocation per step).
+    """
+
+    def __init__(self, batch: int, max_new_tokens: int) -> None:
+        self.logps = torch.zeros((batch, max_new_tokens))
+        self.n = 0  # steps gathered
+        self._pending: torch.Tensor | None = None
+
+    def _gather(self, tokens: torch.Tensor) -> None:
+        logps = torch.log_softmax(self._pending.float(), dim=-1)  # one step: [batch, vocab]
+        self.logps[:, self.n] = logps.gather(-1, tokens.reshape(-1, 1).to(logps.device)).squeeze(-1).cpu()
+        self.n += 1
+        self._pending = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._pending is not None:
+            self._gather(input_ids[:, -1])
+        self._pending = scores
+        return scores
+
+    def finish(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """[batch, steps] log-probs of `new_tokens` (the generated columns of the returned sequences)."""
+        if self._pending is not None and self.n < new_tokens.shape[1]:
+            self._gather(new_tokens[:, self.n])
+        self._pending = None
+        return self.logps[:, : new_tokens.shape[1]]
+
+
 @torch.no_grad()
 def hf_generate(
     model, tokenizer, contexts: list[list[int]], max_new_tokens: int, temperature: float
 ) -> list[tuple[list[int], list[float]]]:
-    """Sample one answer per context (left-padded batch); returns (token ids, log-probs) per context."""
+    """Sample one answer per context (left-padded batch); returns (token ids, log-probs) per context.
+
+    Log-probs are those of the sampled tokens only, under the temperature-scaled distribution they
+    were drawn from: one step's [batch, vocab] log-softmax at a time (`_SampledLogprobs`), never the
+    [batch, steps, vocab] stack that `output_scores=True` keeps (about 22 GB for 24 episodes x
+    1,500 steps at a 152k vocabulary). The values are those of `log_softmax(scores)[token]`.
+    Temperature is applied by our own warper just before the recorder, and every other warper is
+    switched off, so the recorder is the last processor (transformers appends its own warpers after
+    the caller's processors).
+    """
     if not contexts:
         return []
     pad = tokenizer.pad_token_id
@@ -86,31 +133,42 @@ def hf_generate(
         input_ids[i, width - len(c) :] = torch.tensor(c)
         attention[i, width - len(c) :] = 1
     device = next(model.parameters()).device
+    recorder = _SampledLogprobs(len(contexts), max_new_tokens)
+    processors = LogitsProcessorList([recorder])
+    if temperature != 1.0:
+        processors.insert(0, TemperatureLogitsWarper(temperature))
     was_training = model.training
     model.eval()
-    out = model.generate(
-        input_ids=input_ids.to(device),
-        attention_mask=attention.to(device),
-        max_new_tokens=max_new_tokens,
-        do_sample=True,
-        temperature=temperature,
-        top_p=1.0,
-        top_k=0,
-        pad_token_id=pad,
-        eos_token_id=tokenizer.eos_token_id,
-        return_dict_in_generate=True,
-        output_scores=True,
-    )
-    if was_training:
-        model.train()
-    new = out.sequences[:, width:].cpu()
-    logps = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1).cpu()
+    try:
+        sequences = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            max_new_tokens=max_new_tokens,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            min_p=None,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            top_h=None,
+            renormalize_logits=False,
+            logits_processor=processors,
+            pad_token_id=pad,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    finally:
+        if was_training:
+            model.train()
+    new = sequences[:, width:].cpu()
+    logps = recorder.finish(new)
     results = []
     for i in range(len(contexts)):
         ids, lps = [], []
         for j, tok in enumerate(new[i].tolist()):
             ids.append(tok)
-            lps.append(float(logps[i, j, tok]))
+            lps.append(float(logps[i, j]))
             if tok == tokenizer.eos_token_id:
                 break
         results.append((ids, lps))
@@ -127,18 +185,31 @@ def play_episodes(
     one_shot: bool = True,
     system_prompt: str | None = None,
     lockstep: bool = False,
+    max_episode_tokens: int | None = None,
 ) -> list[Episode]:
     """Play one episode per env, env i reset with seed task_seeds[i]; all turns batched.
 
     `lockstep`: call `generate` on every one of the `max_turns` turns, with no contexts once this
     process's episodes are over, so that collective generation (vLLM across processes) never waits
     on a process that stopped early.
+
+    `max_episode_tokens` bounds each training sequence (prompt + completion tokens): an answer that
+    would cross it is cut at the bound (a prefix of a sample: its log-probs stay exact), the env
+    still takes the (cut) answer as that turn's action, and the episode ends there with the return
+    it has, as at the turn limit; so does an episode whose next environment reply would leave no
+    room for a generated token. Such episodes are marked `token_bound_reached`. A first prompt that
+    already fills the bound is refused (VcbmGymError, one line). None: no bound.
     """
     episodes = []
     for env, seed in zip(envs, task_seeds):
         obs, info = env.reset(seed=int(seed))
         messages = initial_messages(str(obs), one_shot, system_prompt)
         ids = tokenizer(render(tokenizer, messages, True), add_special_tokens=False)["input_ids"]
+        if max_episode_tokens is not None and len(ids) >= max_episode_tokens:
+            raise VcbmGymError(
+                f"task seed {int(seed)}: the first prompt is {len(ids)} tokens, which leaves no room to generate under "
+                f"max_episode_tokens={max_episode_tokens}; expected max_episode_tokens > {len(ids)}"
+            )
         episodes.append(Episode(task_seed=int(seed), prompt_ids=list(ids), messages=messages, last_info=dict(info)))
     for turn in range(max_turns):
         live = [i for i, e in enumerate(episodes) if not e.done]
@@ -154,6 +225,11 @@ def play_episodes(
         answers = generate(contexts)
         for i, (ids, lps) in zip(live, answers):
             e, env = episodes[i], envs[i]
+            if max_episode_tokens is not None:
+                room = max_episode_tokens - len(e.prompt_ids) - len(e.completion_ids)
+                if len(ids) >= room:  # this answer reaches the bound: the episode's last turn
+                    ids, lps = ids[:room], lps[:room]
+                    e.token_bound_reached = True
             e.completion_ids += ids
             e.env_mask += [1] * len(ids)
             e.logprobs += lps
@@ -167,12 +243,16 @@ def play_episodes(
             e.decision_turns.append(bool(info.get("is_decision_turn", False)))
             e.last_info = dict(info)
             e.messages += [{"role": "assistant", "content": text}, {"role": "user", "content": str(obs)}]
-            e.done = bool(terminated or truncated) or turn == max_turns - 1
+            e.done = bool(terminated or truncated) or turn == max_turns - 1 or e.token_bound_reached
+            if not e.done:
+                closed = bool(ids) and ids[-1] == tokenizer.eos_token_id
+                reply = tokenizer(env_reply_text(tokenizer, str(obs), closed), add_special_tokens=False)["input_ids"]
+                length = len(e.prompt_ids) + len(e.completion_ids) + len(reply)
+                if max_episode_tokens is not None and length >= max_episode_tokens:
+                    e.done = e.token_bound_reached = True  # no room for the next answer
             if e.done:
                 e.final_text = str(obs)
             else:
-                closed = bool(ids) and ids[-1] == tokenizer.eos_token_id
-                reply = tokenizer(env_reply_text(tokenizer, str(obs), closed), add_special_tokens=False)["input_ids"]
                 e.completion_ids += reply
                 e.env_mask += [0] * len(reply)
                 e.logprobs += [0.0] * len(reply)

@@ -36,6 +36,7 @@ import argparse
 import dataclasses
 import enum
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -267,7 +268,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from peft import LoraConfig
     from torch.utils.tensorboard import SummaryWriter
 
-    from algorithms.llm.trainer import LoopTrainer, MultiTurnGRPOTrainer, latest_complete_checkpoint
+    from algorithms.llm.trainer import LoopTrainer, MultiTurnGRPOTrainer, latest_complete_checkpoint, logprob_memory_line
 
     hp = _apply_flags(ctx.hyperparams, ctx.args)
     log_dir = Path(ctx.log_dir)
@@ -330,6 +331,16 @@ def run(ctx: RunContext) -> dict[str, Any]:
         peft_config=peft_config,
         writer=writer,
     )
+    vocab = getattr(getattr(trainer.model, "config", None), "vocab_size", None) or len(tokenizer)
+    line = logprob_memory_line(
+        trainer.episode_token_bound,
+        int(vocab),
+        cfg.per_device_train_batch_size,
+        cfg.per_device_train_batch_size * cfg.steps_per_generation,
+        bool(cfg.use_vllm),
+    )
+    if trainer.accelerator.is_main_process:
+        print(line, file=sys.stderr, flush=True)
     if ctx.report is not None:
         from algorithms.llm.report import ReportIterations
 

@@ -203,6 +203,66 @@ def vllm_answers(completion_ids, logprobs) -> list[tuple[list[int], list[float]]
     return out
 
 
+def gather_counts(n: int) -> list[int]:
+    """Every process's number of contexts this turn, in rank order (a collective: every process calls it)."""
+    from accelerate.utils import gather_object
+
+    return [int(c) for c in gather_object([n])]
+
+
+def vllm_turn(gen, contexts: list[list[int]], counts=gather_counts, dummy: list[int] | None = None):
+    """One turn of TRL's vLLM generation for this process's contexts, one answer per context.
+
+    TRL 1.16's `VLLMGeneration.generate` gathers every rank's prompts (server mode: all processes;
+    colocate with tensor parallelism: the TP group) and hands rank r back the completions at
+    [r * len(prompts), (r + 1) * len(prompts)): right only when every rank passes as many prompts.
+    In a multi-turn rollout the ranks' live episodes differ, so with `counts` (every process's
+    count, a collective) each process pads its contexts to the largest count with `dummy` prompts
+    and drops their answers; when no process has a context, nothing is generated. `counts=None`
+    (one process, or colocate without tensor parallelism: no gather) passes the contexts as they are.
+    """
+    n = len(contexts)
+    width = max(counts(n)) if counts is not None else n
+    if width == 0:
+        return []
+    prompts = list(contexts) + [list(dummy or [0])] * (width - n)
+    _, completion_ids, logprobs, _ = gen.generate(prompts=prompts, images=None, num_generations=1)
+    return vllm_answers(completion_ids[:n], None if logprobs is None else logprobs[:n])
+
+
+def _size(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"
+
+
+def logprob_memory_line(bound: int | None, vocab: int, batch: int, rollout_episodes: int, use_vllm: bool) -> str:
+    """The start-up estimate of the log-prob paths' peak memory (fp32), formulas stated.
+
+    Full logits ([batch, sequence, vocab], what a log_softmax over the whole sequence takes) is the
+    reference; this arm computes less: rollouts keep one step's [episodes, vocab] scores at a time
+    (hf_generate; vLLM returns the sampled tokens' log-probs), and TRL's fused LM head scores the
+    training sequence in tiles of at most 4,096 tokens x 32,768 vocabulary entries.
+    """
+    if bound is None:
+        full = "full logits: sequence unbounded (max_episode_tokens unset, the model reports no context length), no estimate"
+    else:
+        full = (
+            f"full logits would take sequence bound x vocab x batch x 4 B = {bound:,} x {vocab:,} x {batch} x 4 B = "
+            f"{_size(bound * vocab * batch * 4)}"
+        )
+    rollout = (
+        "rollout: vLLM's sampled-token log-probs"
+        if use_vllm
+        else f"rollout ~5 x episodes x vocab x 4 B = 5 x {rollout_episodes} x {vocab:,} x 4 B = "
+        f"{_size(5 * rollout_episodes * vocab * 4)} per generated token"
+    )
+    tokens = 4096 if bound is None else min(batch * bound, 4096)
+    tile = tokens * min(vocab, 32768) * 4
+    return (
+        f"log-prob memory estimate: {full}; this run: {rollout}, training (TRL fused LM head) "
+        f"min(batch x bound, 4096) x min(vocab, 32768) x 4 B = {_size(tile)} per tile"
+    )
+
+
 def context_keys(episodes: list[Episode]) -> list[list[str]]:
     """EMPO context of every turn: the task, the turn index and the whole conversation before it."""
     keys = []
@@ -253,6 +313,9 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         self._iter_start = time.perf_counter()
         self.history: list[dict[str, float]] = []
         self._system_prompt = load_object(args.system_prompt)(args.one_shot) if args.system_prompt else None
+        # the training sequence's bound: max_episode_tokens, else the model's context length (None: unbounded)
+        context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        self.episode_token_bound = args.max_episode_tokens if args.max_episode_tokens is not None else context
         super().__init__(
             model=model,
             reward_funcs=[episode_return_reward],
@@ -280,8 +343,9 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         """One turn through TRL's vLLM engine (server or colocate); unverified here (no GPU, no vllm)."""
         gen = self.vllm_generation  # GRPOTrainer._generate synced its weights before calling _rollout
         gen.max_completion_length = self.args.max_new_tokens_per_turn  # per turn, not per episode
-        _, completion_ids, logprobs, _ = gen.generate(prompts=contexts, images=None, num_generations=1)
-        return vllm_answers(completion_ids, logprobs)
+        if self.accelerator.num_processes > 1 and (gen.mode == "server" or gen.tensor_parallel_size > 1):
+            return vllm_turn(gen, contexts, gather_counts, [self.processing_class.eos_token_id or 0])  # TRL gathers: pad
+        return vllm_turn(gen, contexts, None)
 
     def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict[str, list]:
         """TRL rollout_func: the dataset's prompt column carries each task's env seed."""
@@ -297,6 +361,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             self.args.one_shot,
             self._system_prompt,
             lockstep=self.use_vllm and self.accelerator.num_processes > 1,
+            max_episode_tokens=self.episode_token_bound,
         )
         self._iter_stats["rollout_time_s"] += time.perf_counter() - start
         self._episodes = episodes
@@ -326,6 +391,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         s = self._iter_stats
         s["mean_return"] = float(np.mean([e.episode_return for e in episodes]))
         s["mean_output_tokens"] = float(np.mean([e.n_generated for e in episodes]))
+        s["token_bound_rate"] = float(np.mean([e.token_bound_reached for e in episodes]))
         turns = [x for e in episodes for x in e.effects]
         s["invalid_turn_rate"] = float(np.mean([x == "invalid" for x in turns])) if turns else 0.0
         # advantage mass on deciding turns (evaluation-only `is_decision_turn`), as the loss sees it
@@ -350,6 +416,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             "invalid_turn_rate": s["invalid_turn_rate"],
             "decision_advantage_mass": s["decision_advantage_mass"],
             "decision_token_share": s["decision_token_share"],
+            "token_bound_rate": s["token_bound_rate"],
             "iteration_time_s": time.perf_counter() - self._iter_start,
             "rollout_time_s": s["rollout_time_s"],
         }
