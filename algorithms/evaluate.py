@@ -75,10 +75,12 @@ def model_policy(name: str, seed: int, max_new_tokens: int, max_prompt_chars: in
 
         model, tokenizer = build_tiny(seed)
     else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
+
+        from algorithms.llm.tiny import load_tokenizer
 
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name)
+            tokenizer = load_tokenizer(name)
             model = AutoModelForCausalLM.from_pretrained(name, dtype="auto")
         except (OSError, ValueError, KeyError) as error:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -132,3 +132,18 @@ def test_trl_grpo_baseline_runs_the_same_episodes_with_trls_advantage(tmp_path):
     assert summary["trained_weight_change_l2"] > 0
     for key in ("final_task_goal_completion", "final_invalid_turn_rate", "final_decision_advantage_mass"):
         assert 0.0 <= summary[key] <= 1.0
+
+
+def test_a_saved_tiny_model_reloads_with_a_tokenizer_that_keeps_the_spaces(tmp_path):
+    # transformers 5's AutoTokenizer would load this folder with Qwen2's byte-level decoder:
+    # "Action:Alderrepair()", an invalid action for every answer of a trained tiny model
+    from algorithms.llm.tiny import build_tiny, load_tokenizer
+    from envs.text_watch_repair import parse_action
+
+    model, tokenizer = build_tiny(0)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = load_tokenizer(str(tmp_path))
+    ids = tokenizer("Action: Alder repair()", add_special_tokens=False)["input_ids"]
+    assert parse_action(loaded.decode(ids)) == "repair"
+    assert loaded.decode(ids) == tokenizer.decode(ids)

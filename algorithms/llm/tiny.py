@@ -104,3 +104,26 @@ def build_tiny(seed: int = 0, hidden_size: int = 64) -> tuple[Qwen2ForCausalLM, 
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def load_tokenizer(name_or_path: str):
+    """The tokenizer of a model name or folder: AutoTokenizer's, except for a generic fast tokenizer.
+
+    A folder saved from the tiny models (warm-started, trained by this project, or a LoRA adapter
+    beside them) records `tokenizer_class: TokenizersBackend`; transformers 5's AutoTokenizer maps
+    it to the class of the model type instead (Qwen2's, with a byte-level decoder), which decodes the
+    tiny word-level vocabulary without spaces: "Action: Alder repair()" comes back as
+    "Action:Alderrepair()" and every answer is an invalid action. Such folders load as the generic class.
+    """
+    import json
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    config = Path(name_or_path) / "tokenizer_config.json"
+    if config.is_file() and json.loads(config.read_text()).get("tokenizer_class") in (
+        "TokenizersBackend",
+        "PreTrainedTokenizerFast",
+    ):
+        return PreTrainedTokenizerFast.from_pretrained(name_or_path)
+    return AutoTokenizer.from_pretrained(name_or_path)
