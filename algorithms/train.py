@@ -19,6 +19,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -246,17 +247,53 @@ def prepare_log_dir(log_dir: Path, run: ResolvedRun, args: argparse.Namespace, r
     return None
 
 
+def launch_world_size() -> int:
+    """Processes in this launch: WORLD_SIZE as torchrun and accelerate launch set it (1 when run directly)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _on_main_process_first(action: Callable[[], Any]) -> Any:
+    """Run `action` on process 0 only and hand its result, or its error, to every process.
+
+    Several processes of one run share its log dir: if each applied the log-dir policy itself, the
+    first to write config.yml would make the others refuse the directory as "already holds a run".
+    """
+    import torch
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list
+
+    state = PartialState(cpu=not torch.cuda.is_available())
+    outcome: list[Any] = [None]
+    if state.is_main_process:
+        try:
+            outcome = [("ok", action())]
+        except VcbmGymError as error:
+            outcome = [("error", str(error))]
+    broadcast_object_list(outcome, from_process=0)
+    kind, value = outcome[0]
+    if kind == "error":
+        raise VcbmGymError(value)
+    return value
+
+
 def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
     """Parse a command line, train, and return the summary (also written to summary.json). `report`, if given,
-    receives the run's progress (see RunContext.report)."""
+    receives the run's progress (see RunContext.report).
+
+    Under a multi-process launch (torchrun, accelerate launch: WORLD_SIZE > 1) every process runs this;
+    process 0 alone applies the log-dir policy and writes config.yml and summary.json. Only algorithms
+    whose runner declares `MULTI_PROCESS = True` (the LLM arm) accept such a launch.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     args, runner, runner_resumes = parse(argv)
     resolved = resolve(args, runner)
     log_dir = Path(args.log_dir or Path("runs") / args.algo / args.env / f"seed{args.seed}")
-    finished = prepare_log_dir(log_dir, resolved, args, runner_resumes)
-    if finished is not None:
-        print(f"{log_dir}: this run already finished (same config); nothing to do", file=sys.stderr)
-        return finished
+    world_size = launch_world_size()
+    if world_size > 1 and not getattr(runner, "MULTI_PROCESS", False):
+        raise VcbmGymError(
+            f"--algo {args.algo!r} runs in one process, but this launch has WORLD_SIZE={world_size}; "
+            "expected a plain `python -m algorithms.train` (only the LLM algorithms train on several processes)"
+        )
     record = {
         **resolved.identity(),
         "config_hash": resolved.config_hash,
@@ -264,7 +301,17 @@ def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, floa
         "command_line": {k: v for k, v in vars(args).items()},
         "argv": argv,
     }
-    cli.atomic_write_text(log_dir / "config.yml", yaml.safe_dump(record, sort_keys=False))
+
+    def prepare() -> dict[str, Any] | None:
+        finished = prepare_log_dir(log_dir, resolved, args, runner_resumes)
+        if finished is None:
+            cli.atomic_write_text(log_dir / "config.yml", yaml.safe_dump(record, sort_keys=False))
+        return finished
+
+    finished = prepare() if world_size == 1 else _on_main_process_first(prepare)
+    if finished is not None:
+        print(f"{log_dir}: this run already finished (same config); nothing to do", file=sys.stderr)
+        return finished
 
     start = time.perf_counter()
     # a copy: SB3 adds entries to policy_kwargs in place, which must not change the recorded config
@@ -279,7 +326,8 @@ def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, floa
     summary["config_hash"] = record["config_hash"]
     summary = json.loads(json.dumps(summary, default=str))  # as a reader will see it; key order kept (roles)
     summary["checksum"] = summary_checksum(summary)
-    cli.atomic_write_json(log_dir / "summary.json", summary)
+    if int(os.environ.get("RANK", "0")) == 0:
+        cli.atomic_write_json(log_dir / "summary.json", summary)
     return summary
 
 

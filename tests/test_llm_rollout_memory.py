@@ -269,3 +269,28 @@ def test_the_runner_prints_the_memory_estimate_at_start_up(tmp_path, capfd):
     lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith("log-prob memory estimate:")]
     assert len(lines) == 1
     assert "sequence bound x vocab x batch x 4 B = 4,000 x " in lines[0] and " x 8 x 4 B = " in lines[0]
+
+
+def test_synced_generation_joins_with_no_context_and_samples_as_unsynced(tmp_path):
+    # the FSDP rollout path: synced_gpus needs a process group (here gloo, one process); a process
+    # with no context still runs the forward passes (a dummy answer, dropped)
+    import torch.distributed as dist
+
+    from algorithms.llm.rollout import hf_generate
+    from algorithms.llm.tiny import build_tiny
+
+    model, tokenizer = build_tiny(0)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        calls = {"n": 0}
+        hook = model.register_forward_hook(lambda *args: calls.__setitem__("n", calls["n"] + 1))
+        assert hf_generate(model, tokenizer, [], 4, 1.0, synced=True) == []
+        assert calls["n"] >= 1
+        hook.remove()
+        contexts = [tokenizer("A watch has stopped .", add_special_tokens=False)["input_ids"]] * 2
+        torch.manual_seed(5)
+        synced = hf_generate(model, tokenizer, contexts, 4, 1.0, synced=True)
+        torch.manual_seed(5)
+        assert synced == hf_generate(model, tokenizer, contexts, 4, 1.0)
+    finally:
+        dist.destroy_process_group()

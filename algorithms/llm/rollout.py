@@ -111,7 +111,7 @@ class _SampledLogprobs(LogitsProcessor):
 
 @torch.no_grad()
 def hf_generate(
-    model, tokenizer, contexts: list[list[int]], max_new_tokens: int, temperature: float
+    model, tokenizer, contexts: list[list[int]], max_new_tokens: int, temperature: float, synced: bool = False
 ) -> list[tuple[list[int], list[float]]]:
     """Sample one answer per context (left-padded batch); returns (token ids, log-probs) per context.
 
@@ -122,9 +122,16 @@ def hf_generate(
     Temperature is applied by our own warper just before the recorder, and every other warper is
     switched off, so the recorder is the last processor (transformers appends its own warpers after
     the caller's processors).
+
+    `synced`: the model's parameters are sharded over processes (FSDP), so every forward pass is a
+    collective: generation runs with `synced_gpus=True` (a process whose answers are finished keeps
+    stepping until all are), and a process with no context still generates, on a one-token dummy
+    context whose answer is dropped.
     """
-    if not contexts:
+    if not contexts and not synced:
         return []
+    dummy = not contexts
+    contexts = contexts or [[tokenizer.eos_token_id]]
     pad = tokenizer.pad_token_id
     width = max(len(c) for c in contexts)
     input_ids = torch.full((len(contexts), width), pad, dtype=torch.long)
@@ -157,10 +164,13 @@ def hf_generate(
             logits_processor=processors,
             pad_token_id=pad,
             eos_token_id=tokenizer.eos_token_id,
+            synced_gpus=synced,
         )
     finally:
         if was_training:
             model.train()
+    if dummy:
+        return []
     new = sequences[:, width:].cpu()
     logps = recorder.finish(new)
     results = []

@@ -24,7 +24,17 @@ arguments go under `credit_kwargs`, keyed by rule name (`credit_kwargs: {vcbm_bl
 LLM arm's EpisodeBatch holds works with either (grpo, gigpo, broadcast); one that needs more (casi:
 coalition values; rudder, vcbm_bookmark: observations) is refused when the config is resolved.
 
-Multi-GPU (FSDP2, as in the paper's 2-GPU AppWorld runs; not verified on this project's CPUs):
+Several processes: every process runs the same command; each plays its share of the iteration's
+tasks (TRL's sampler keeps a task's K rollouts together), the credit rule sees all processes'
+episodes (gathered), and the iteration metrics are over all of them. On CPUs (world size 2, gloo):
+
+    torchrun --nproc_per_node 2 -m algorithms.train --algo vcbm-loop --env TextWatchRepair-v0 --model tiny \\
+        --iterations 3 --hyperparams generation_batch_size=16 per_device_train_batch_size=8
+
+Every run prints its world size at start-up and records it in summary.json. On CPUs the model is
+wrapped in DDP: accelerate 1.15 turns FSDP on only for accelerator devices (its MULTI_CPU state never
+becomes FSDP), so DDP over gloo is the closest supported wrapping. Multi-GPU (FSDP2, as in the paper's
+2-GPU AppWorld runs; not run on this project's CPUs):
 
     accelerate launch --config_file zoo_configs/accelerate/fsdp2.yaml -m algorithms.train \\
         --algo vcbm-loop --env AppWorld-v0 --model Qwen/Qwen2.5-7B-Instruct --use-vllm
@@ -63,6 +73,7 @@ MOVED_KEYS = {
     "memory_capacity": "memory_capacity",
 }
 TINY_MODELS = ("tiny", "tiny-random")
+MULTI_PROCESS = True  # algorithms.train accepts torchrun / accelerate launch for these algorithms
 FINETUNE_MODES = ("auto", "lora", "full")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # LoopConfig fields always written to config.yml (the other GRPOConfig fields only when set)
@@ -248,10 +259,12 @@ def _model_and_tokenizer(name: str, seed: int, bf16: bool):
 
         return build_tiny(seed)
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from algorithms.llm.tiny import load_tokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name)
+        tokenizer = load_tokenizer(name)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.bfloat16 if bf16 else torch.float32)
     except OSError as exc:
         raise VcbmGymError(f"model {name!r} could not be loaded ({exc}); expected 'tiny' or a local path / hub name") from None
@@ -290,15 +303,17 @@ def run(ctx: RunContext) -> dict[str, Any]:
     _, cfg = _loop_config(loop_kwargs, f"algo {ctx.algo!r}", ctx.algo)
     needs = info_needs(getattr(cfg, "credit", None), getattr(cfg, "ratio_sharing", "none"))  # trl-grpo: neither
     check_env_reports(ctx.env_id, run_cfg.env_kwargs, needs, ctx.seed)
-    (log_dir / "loop_config.yml").write_text(
-        yaml.safe_dump(
-            {
-                **as_plain_dict(run_cfg),
-                **{k: _plain(getattr(cfg, k)) for k in _reported(ctx.algo) + ("use_vllm", "max_steps", "save_steps", "seed")},
-            },
-            sort_keys=False,
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    if main_process:
+        (log_dir / "loop_config.yml").write_text(
+            yaml.safe_dump(
+                {
+                    **as_plain_dict(run_cfg),
+                    **{k: _plain(getattr(cfg, k)) for k in _reported(ctx.algo) + ("use_vllm", "max_steps", "save_steps", "seed")},
+                },
+                sort_keys=False,
+            )
         )
-    )
 
     previous_threads = torch.get_num_threads()
     if run_cfg.torch_threads > 0:
@@ -319,7 +334,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
             task_type="CAUSAL_LM",
         )
     )
-    writer = SummaryWriter(str(log_dir))
+    writer = SummaryWriter(str(log_dir)) if main_process else None
     trainer_class = MultiTurnGRPOTrainer if ctx.algo == "trl-grpo" else LoopTrainer
     trainer = trainer_class(
         model=model,
@@ -339,13 +354,21 @@ def run(ctx: RunContext) -> dict[str, Any]:
         cfg.per_device_train_batch_size * cfg.steps_per_generation,
         bool(cfg.use_vllm),
     )
+    state = trainer.accelerator.state
+    world_size = trainer.accelerator.num_processes
     if trainer.accelerator.is_main_process:
         print(line, file=sys.stderr, flush=True)
+        print(
+            f"world size {world_size} ({state.distributed_type.value}, backend {state.backend}, "
+            f"model wrapped as {type(trainer.model_wrapped).__name__} once training starts)",
+            file=sys.stderr,
+            flush=True,
+        )
     if ctx.report is not None:
         from algorithms.llm.report import ReportIterations
 
         trainer.add_callback(ReportIterations(trainer, ctx.report))
-    initial = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    initial = {n: _full_tensor(p).clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     resume = getattr(ctx.args, "resume", False)
     checkpoint = latest_complete_checkpoint(ckpt_dir) if resume and ckpt_dir.is_dir() else None
     if resume and checkpoint is None:
@@ -358,15 +381,18 @@ def run(ctx: RunContext) -> dict[str, Any]:
     try:
         trainer.train(resume_from_checkpoint=checkpoint)
     finally:
-        writer.close()
+        if writer is not None:
+            writer.close()
         torch.set_num_threads(previous_threads)
-    trainer.save_model(str(log_dir / ("model" if full else "adapter")))
-    cli.atomic_write_json(log_dir / "history.json", trainer.history)  # a benchmark reads it back
-    delta = sum(float((p.detach() - initial[n]).pow(2).sum()) for n, p in trainer.model.named_parameters() if n in initial)
+    save_final_weights(trainer, log_dir / ("model" if full else "adapter"))
+    if main_process:
+        cli.atomic_write_json(log_dir / "history.json", trainer.history)  # a benchmark reads it back
+    delta = sum(float((_full_tensor(p) - initial[n]).pow(2).sum()) for n, p in trainer.model.named_parameters() if n in initial)
     final = trainer.history[-1] if trainer.history else {}
     rule = getattr(trainer, "credit_rule", None)
     return {
         "iterations_run": len(trainer.history),
+        "world_size": world_size,
         "resumed_from": checkpoint,
         "finetune": "full" if full else "lora",
         "trained_weight_change_l2": delta**0.5,
@@ -376,3 +402,29 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "mean_iteration_time_s": float(np.mean([h["iteration_time_s"] for h in trainer.history])) if trainer.history else None,
         "mean_credit_time_s": float(np.mean([h.get("credit_time_s", 0.0) for h in trainer.history])) if trainer.history else None,
     }
+
+
+def _full_tensor(param) -> Any:
+    """A parameter as one plain tensor: FSDP2 holds each process's shard as a DTensor."""
+    tensor = param.detach()
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def save_final_weights(trainer, folder: Path) -> None:
+    """The trained model (or LoRA adapter) in `folder`, loadable by `from_pretrained` and algorithms.evaluate.
+
+    Under FSDP with SHARDED_STATE_DICT (zoo_configs/accelerate/fsdp2.yaml), `Trainer.save_model`
+    writes nothing, so the shards are gathered into one full state dict (accelerate's
+    `get_state_dict`, a collective every process joins) and process 0 saves it.
+    """
+    from accelerate.utils import DistributedType
+
+    accelerator = trainer.accelerator
+    if accelerator.distributed_type != DistributedType.FSDP:
+        trainer.save_model(str(folder))
+        return
+    state_dict = accelerator.get_state_dict(trainer.model)
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(trainer.model).save_pretrained(str(folder), state_dict=state_dict)
+        trainer.processing_class.save_pretrained(str(folder))
+    accelerator.wait_for_everyone()

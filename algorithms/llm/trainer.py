@@ -72,11 +72,16 @@ def kl_old_new(logp_old: torch.Tensor, logp_new: torch.Tensor, mask: torch.Tenso
     return ((torch.exp(log_r) - 1.0 - log_r) * mask).sum(-1)
 
 
+def decision_advantage_sums(advantages: np.ndarray, mask: np.ndarray, decision: np.ndarray) -> list[float]:
+    """[|advantage| mass on the tokens of deciding turns, all |advantage| mass]: summable over processes."""
+    weight = np.abs(advantages) * mask
+    return [float((weight * decision).sum()), float(weight.sum())]
+
+
 def decision_advantage_mass(advantages: np.ndarray, mask: np.ndarray, decision: np.ndarray) -> float:
     """Share of the batch's |advantage| mass on the tokens of deciding turns (an evaluation metric)."""
-    weight = np.abs(advantages) * mask
-    total = weight.sum()
-    return float((weight * decision).sum() / total) if total > 0 else 0.0
+    on_decision, total = decision_advantage_sums(advantages, mask, decision)
+    return on_decision / total if total > 0 else 0.0
 
 
 def episode_return_reward(prompts, completions, episode_return, **kwargs) -> list[float]:
@@ -337,7 +342,20 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         if self.use_vllm:
             return self._vllm_generate(contexts)
         model = self.accelerator.unwrap_model(self.model)
-        return hf_generate(model, self.processing_class, contexts, self.args.max_new_tokens_per_turn, self.args.temperature)
+        return hf_generate(
+            model, self.processing_class, contexts, self.args.max_new_tokens_per_turn, self.args.temperature, self._sharded
+        )
+
+    @property
+    def _sharded(self) -> bool:
+        """FSDP shards the weights: each forward pass is a collective that every process must join.
+
+        transformers turns on `synced_gpus` by itself only for modules it recognises as FSDP-managed,
+        which accelerate's FSDP2 does not mark, so the rollout asks for it (and for lockstep turns).
+        """
+        from accelerate.utils import DistributedType
+
+        return self.accelerator.num_processes > 1 and self.accelerator.distributed_type == DistributedType.FSDP
 
     def _vllm_generate(self, contexts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
         """One turn through TRL's vLLM engine (server or colocate); unverified here (no GPU, no vllm)."""
@@ -360,7 +378,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             self.args.truncation_chars,
             self.args.one_shot,
             self._system_prompt,
-            lockstep=self.use_vllm and self.accelerator.num_processes > 1,
+            lockstep=(self.use_vllm and self.accelerator.num_processes > 1) or self._sharded,
             max_episode_tokens=self.episode_token_bound,
         )
         self._iter_stats["rollout_time_s"] += time.perf_counter() - start
@@ -388,12 +406,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         self._iter_start = time.perf_counter()
 
     def _record_rollouts(self, episodes: list[Episode], batch: EpisodeBatch, advantages: torch.Tensor) -> None:
-        s = self._iter_stats
-        s["mean_return"] = float(np.mean([e.episode_return for e in episodes]))
-        s["mean_output_tokens"] = float(np.mean([e.n_generated for e in episodes]))
-        s["token_bound_rate"] = float(np.mean([e.token_bound_reached for e in episodes]))
-        turns = [x for e in episodes for x in e.effects]
-        s["invalid_turn_rate"] = float(np.mean([x == "invalid" for x in turns])) if turns else 0.0
+        """The iteration's rollout metrics over every process's episodes (each process holds only its share)."""
         # advantage mass on deciding turns (evaluation-only `is_decision_turn`), as the loss sees it
         decision = np.zeros(batch.mask.shape, bool)
         for b, e in enumerate(episodes):
@@ -403,9 +416,36 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         advantages = advantages.detach().float().cpu().numpy()
         if advantages.ndim == 1:
             advantages = advantages[:, None] * batch.mask
-        s["decision_advantage_mass"] = decision_advantage_mass(advantages, batch.mask, decision)
-        s["decision_token_share"] = float((decision * batch.mask).sum() / max(batch.mask.sum(), 1))
-        s.update(task_goal_completion([e.last_info for e in episodes]))
+        local = {
+            "returns": [e.episode_return for e in episodes],
+            "generated": [e.n_generated for e in episodes],
+            "token_bound": [e.token_bound_reached for e in episodes],
+            "turn_effects": [x for e in episodes for x in e.effects],
+            "last_infos": [e.last_info for e in episodes],
+            "mass": decision_advantage_sums(advantages, batch.mask, decision),
+            "tokens": [float((decision * batch.mask).sum()), float(batch.mask.sum())],
+        }
+        if self.accelerator.num_processes == 1:
+            parts = [local]
+        else:
+            from accelerate.utils import gather_object
+
+            parts = gather_object([local])
+        every = {
+            k: [x for part in parts for x in part[k]]
+            for k in ("returns", "generated", "token_bound", "turn_effects", "last_infos")
+        }
+        mass = np.sum([part["mass"] for part in parts], axis=0)
+        tokens = np.sum([part["tokens"] for part in parts], axis=0)
+        s = self._iter_stats
+        s["mean_return"] = float(np.mean(every["returns"]))
+        s["mean_output_tokens"] = float(np.mean(every["generated"]))
+        s["token_bound_rate"] = float(np.mean(every["token_bound"]))
+        turns = every["turn_effects"]
+        s["invalid_turn_rate"] = float(np.mean([x == "invalid" for x in turns])) if turns else 0.0
+        s["decision_advantage_mass"] = float(mass[0] / mass[1]) if mass[1] > 0 else 0.0
+        s["decision_token_share"] = float(tokens[0] / max(tokens[1], 1))
+        s.update(task_goal_completion(every["last_infos"]))
 
     def _iteration_metrics(self) -> dict[str, float]:
         s = self._iter_stats

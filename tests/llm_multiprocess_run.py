@@ -1,0 +1,35 @@
+"""Run `algorithms.train` under torchrun, recording what each process's credit rule saw and gave.
+
+    torchrun --nproc_per_node 2 tests/llm_multiprocess_run.py REPO DUMP_DIR TRAIN_ARGS...
+
+Each call of `LoopTrainer.token_advantages` writes DUMP_DIR/call<k>_rank<r>.pkl: the gathered
+batch of all processes' episodes, where this process's rows start, and the advantages this process
+trains on. tests/test_llm_multiprocess.py replays the gathered batches in one process.
+"""
+
+import os
+import pickle
+import sys
+
+sys.path.insert(0, sys.argv[1])  # the repository root
+from algorithms.llm import trainer as trainer_module  # noqa: E402
+from algorithms.train import main  # noqa: E402
+
+dump_dir = sys.argv[2]
+original = trainer_module.LoopTrainer.token_advantages
+calls = {"n": 0}
+
+
+def recording_token_advantages(self, batch):
+    advantages = original(self, batch)
+    full, start = trainer_module.gather_episode_batch(self.accelerator, batch)
+    record = {"full": full, "start": start, "rows": batch.batch_size, "width": batch.rewards.shape[1], "advantages": advantages}
+    path = os.path.join(dump_dir, f"call{calls['n']}_rank{self.accelerator.process_index}.pkl")
+    with open(path, "wb") as f:
+        pickle.dump(record, f)
+    calls["n"] += 1
+    return advantages
+
+
+trainer_module.LoopTrainer.token_advantages = recording_token_advantages
+sys.exit(main(sys.argv[3:]))
