@@ -98,3 +98,15 @@ def test_exponent_floats_read_as_floats_in_overrides_and_files(tmp_path):
     path = tmp_path / "c.yml"
     path.write_text("learning_rate: 5e-5\nname: 2e\n")
     assert read_yaml(path) == {"learning_rate": 5e-05, "name": "2e"}
+
+
+def test_a_single_process_algo_refuses_a_multi_process_launch(tmp_path, monkeypatch):
+    import pytest
+
+    from algorithms.common.errors import VcbmGymError
+    from algorithms.train import run
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(VcbmGymError, match="WORLD_SIZE=2"):
+        run(["--algo", "vcbm", "--env", "WatchRepair-v0", "--log-dir", str(tmp_path / "r"), "--max-episodes", "2"])
+    assert not (tmp_path / "r").exists()
