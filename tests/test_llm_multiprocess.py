@@ -77,6 +77,12 @@ def test_two_processes_train_with_one_process_credit_checkpoint_resume_and_load(
     summary = json.loads((log_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["iterations_run"] == 3
     assert [h["iteration"] for h in json.loads((log_dir / "history.json").read_text())] == [1, 2, 3]
+    # every process reports the run's metrics (over all episodes, maxima over all tokens), not its own share
+    printed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"iterations_run"')]
+    assert len(printed) == 2
+    assert [{k: v for k, v in p.items() if "time" not in k} for p in printed] == 2 * [
+        {k: v for k, v in printed[0].items() if "time" not in k}
+    ]
 
     # the credit each process trained on = the rule over the gathered global batch, run in one process
     config = yaml.safe_load((log_dir / "loop_config.yml").read_text())

@@ -650,7 +650,7 @@ class LoopTrainer(MultiTurnGRPOTrainer):
 
     def _iteration_metrics(self) -> dict[str, float]:
         s = self._iter_stats
-        return {
+        metrics = {
             **super()._iteration_metrics(),
             "kl_estimate": s["kl_estimate"],
             "max_importance_weight": s["max_importance_weight"],
@@ -661,6 +661,18 @@ class LoopTrainer(MultiTurnGRPOTrainer):
             "credit_time_s": s["credit_time_s"],
             "memory_size": float(self.credit_rule.summary().get("memory_size", 0)),
         }
+        return self._max_over_processes(metrics, ("max_importance_weight", "max_logprob_diff", "max_sampling_logprob_diff"))
+
+    def _max_over_processes(self, metrics: dict[str, float], keys: tuple[str, ...]) -> dict[str, float]:
+        """Each process measures these maxima on its own tokens; the run's value is the largest of them."""
+        if self.accelerator.num_processes == 1:
+            return metrics
+        local = torch.tensor([metrics.get(k, float("nan")) for k in keys], dtype=torch.float64, device=self.accelerator.device)
+        every = self.accelerator.gather(local.reshape(1, -1)).cpu().numpy()
+        for k, column in zip(keys, every.T):
+            if not np.isnan(column).all():
+                metrics[k] = float(np.nanmax(column))
+        return metrics
 
     def _end_iteration(self) -> None:
         if self._aborted and self._snapshot is not None:
