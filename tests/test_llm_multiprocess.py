@@ -73,9 +73,10 @@ def test_two_processes_train_with_one_process_credit_checkpoint_resume_and_load(
     model = ["--model", str(_base_model(tmp_path / "base"))]
     log_dir = tmp_path / "run"
     done = _torchrun(tmp_path / "dump", *model, "--log-dir", str(log_dir))
-    assert "world size 2 (MULTI_CPU, backend gloo" in done.stderr
+    assert "world size 2 (MULTI_CPU, backend gloo)" in done.stderr
     summary = json.loads((log_dir / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["iterations_run"] == 3
+    assert summary["model_wrapper"] == "DistributedDataParallel"
     assert [h["iteration"] for h in json.loads((log_dir / "history.json").read_text())] == [1, 2, 3]
     # every process reports the run's metrics (over all episodes, maxima over all tokens), not its own share
     printed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"iterations_run"')]

@@ -358,12 +358,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     world_size = trainer.accelerator.num_processes
     if trainer.accelerator.is_main_process:
         print(line, file=sys.stderr, flush=True)
-        print(
-            f"world size {world_size} ({state.distributed_type.value}, backend {state.backend}, "
-            f"model wrapped as {type(trainer.model_wrapped).__name__} once training starts)",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"world size {world_size} ({state.distributed_type.value}, backend {state.backend})", file=sys.stderr, flush=True)
     if ctx.report is not None:
         from algorithms.llm.report import ReportIterations
 
@@ -393,6 +388,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     return {
         "iterations_run": len(trainer.history),
         "world_size": world_size,
+        "model_wrapper": type(trainer.model_wrapped).__name__,  # as trained: DistributedDataParallel on CPUs
         "resumed_from": checkpoint,
         "finetune": "full" if full else "lora",
         "trained_weight_change_l2": delta**0.5,
