@@ -30,13 +30,10 @@ def full_vocab_generate(model, tokenizer, contexts, max_new_tokens, temperature)
     """The earlier hf_generate: `output_scores=True` and a stacked [episodes, steps, vocab] log_softmax."""
     import torch
 
+    from algorithms.llm.rollout import answers_until_eos, left_padded
+
     pad = tokenizer.pad_token_id
-    width = max(len(c) for c in contexts)
-    input_ids = torch.full((len(contexts), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(contexts), width), dtype=torch.long)
-    for i, c in enumerate(contexts):
-        input_ids[i, width - len(c) :] = torch.tensor(c)
-        attention[i, width - len(c) :] = 1
+    input_ids, attention = left_padded(contexts, pad)
     model.eval()
     with torch.no_grad():
         out = model.generate(
@@ -52,18 +49,9 @@ def full_vocab_generate(model, tokenizer, contexts, max_new_tokens, temperature)
             return_dict_in_generate=True,
             output_scores=True,
         )
-    new = out.sequences[:, width:]
+    new = out.sequences[:, input_ids.shape[1] :]
     logps = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1)
-    results = []
-    for i in range(len(contexts)):
-        ids, lps = [], []
-        for j, tok in enumerate(new[i].tolist()):
-            ids.append(tok)
-            lps.append(float(logps[i, j, tok]))
-            if tok == tokenizer.eos_token_id:
-                break
-        results.append((ids, lps))
-    return results
+    return answers_until_eos(new, logps.gather(-1, new.unsqueeze(-1)).squeeze(-1), tokenizer.eos_token_id)
 
 
 def maxrss_bytes() -> int:

@@ -14,42 +14,16 @@ from algorithms.llm.rollout import hf_generate  # noqa: E402
 from algorithms.llm.tiny import build_tiny  # noqa: E402
 
 
-def full_vocab_generate(model, tokenizer, contexts, max_new_tokens, temperature):
-    """The earlier hf_generate: `output_scores=True` and a stacked [batch, steps, vocab] log_softmax."""
-    pad = tokenizer.pad_token_id
-    width = max(len(c) for c in contexts)
-    input_ids = torch.full((len(contexts), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(contexts), width), dtype=torch.long)
-    for i, c in enumerate(contexts):
-        input_ids[i, width - len(c) :] = torch.tensor(c)
-        attention[i, width - len(c) :] = 1
-    model.eval()
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
-            max_new_tokens=max_new_tokens,
-            do_sample=True,
-            temperature=temperature,
-            top_p=1.0,
-            top_k=0,
-            pad_token_id=pad,
-            eos_token_id=tokenizer.eos_token_id,
-            return_dict_in_generate=True,
-            output_scores=True,
-        )
-    new = out.sequences[:, width:]
-    logps = torch.stack([torch.log_softmax(s.float(), dim=-1) for s in out.scores], dim=1)
-    results = []
-    for i in range(len(contexts)):
-        ids, lps = [], []
-        for j, tok in enumerate(new[i].tolist()):
-            ids.append(tok)
-            lps.append(float(logps[i, j, tok]))
-            if tok == tokenizer.eos_token_id:
-                break
-        results.append((ids, lps))
-    return results
+def _benchmark():
+    """benchmarks/llm_logprob_memory.py, whose full_vocab_generate is the earlier path kept as the reference."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "llm_logprob_memory.py"
+    spec = importlib.util.spec_from_file_location("llm_logprob_memory", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -61,7 +35,7 @@ def test_sampled_token_logprobs_equal_the_full_vocabulary_log_softmax(temperatur
         torch.manual_seed(seed)
         new = hf_generate(model, tokenizer, contexts, 24, temperature)
         torch.manual_seed(seed)
-        old = full_vocab_generate(model, tokenizer, contexts, 24, temperature)
+        old = _benchmark().full_vocab_generate(model, tokenizer, contexts, 24, temperature)
         assert [ids for ids, _ in new] == [ids for ids, _ in old]  # the same samples
         assert [lps for _, lps in new] == [lps for _, lps in old]  # bit for bit
         assert all(len(ids) == len(lps) > 0 for ids, lps in new)

@@ -109,6 +109,26 @@ class _SampledLogprobs(LogitsProcessor):
         return self.logps[:, : new_tokens.shape[1]]
 
 
+def left_padded(contexts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[batch, longest context] token ids, left-padded with `pad`, and their attention mask."""
+    width = max(len(c) for c in contexts)
+    input_ids = torch.full((len(contexts), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(contexts), width), dtype=torch.long)
+    for i, c in enumerate(contexts):
+        input_ids[i, width - len(c) :] = torch.tensor(c)
+        attention[i, width - len(c) :] = 1
+    return input_ids, attention
+
+
+def answers_until_eos(new: torch.Tensor, token_logps: torch.Tensor, eos: int) -> list[tuple[list[int], list[float]]]:
+    """(token ids, log-probs) per row of the generated [batch, steps] tokens, each cut after its first `eos`."""
+    results = []
+    for row, row_logps in zip(new.tolist(), token_logps.tolist()):
+        end = row.index(eos) + 1 if eos in row else len(row)
+        results.append((row[:end], [float(x) for x in row_logps[:end]]))
+    return results
+
+
 @torch.no_grad()
 def hf_generate(
     model, tokenizer, contexts: list[list[int]], max_new_tokens: int, temperature: float, synced: bool = False
@@ -133,12 +153,8 @@ def hf_generate(
     dummy = not contexts
     contexts = contexts or [[tokenizer.eos_token_id]]
     pad = tokenizer.pad_token_id
-    width = max(len(c) for c in contexts)
-    input_ids = torch.full((len(contexts), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(contexts), width), dtype=torch.long)
-    for i, c in enumerate(contexts):
-        input_ids[i, width - len(c) :] = torch.tensor(c)
-        attention[i, width - len(c) :] = 1
+    input_ids, attention = left_padded(contexts, pad)
+    width = input_ids.shape[1]
     device = next(model.parameters()).device
     recorder = _SampledLogprobs(len(contexts), max_new_tokens)
     processors = LogitsProcessorList([recorder])
@@ -172,17 +188,7 @@ def hf_generate(
     if dummy:
         return []
     new = sequences[:, width:].cpu()
-    logps = recorder.finish(new)
-    results = []
-    for i in range(len(contexts)):
-        ids, lps = [], []
-        for j, tok in enumerate(new[i].tolist()):
-            ids.append(tok)
-            lps.append(float(logps[i, j]))
-            if tok == tokenizer.eos_token_id:
-                break
-        results.append((ids, lps))
-    return results
+    return answers_until_eos(new, recorder.finish(new), tokenizer.eos_token_id)
 
 
 def play_episodes(
