@@ -19,7 +19,6 @@ import hashlib
 import importlib
 import importlib.metadata
 import json
-import os
 import platform
 import shutil
 import subprocess
@@ -247,11 +246,6 @@ def prepare_log_dir(log_dir: Path, run: ResolvedRun, args: argparse.Namespace, r
     return None
 
 
-def launch_world_size() -> int:
-    """Processes in this launch: WORLD_SIZE as torchrun and accelerate launch set it (1 when run directly)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
-
-
 def _on_main_process_first(action: Callable[[], Any]) -> Any:
     """Run `action` on process 0 only and hand its result, or its error, to every process.
 
@@ -288,7 +282,7 @@ def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, floa
     args, runner, runner_resumes = parse(argv)
     resolved = resolve(args, runner)
     log_dir = Path(args.log_dir or Path("runs") / args.algo / args.env / f"seed{args.seed}")
-    world_size = launch_world_size()
+    world_size = cli.launch_world_size()
     if world_size > 1 and not getattr(runner, "MULTI_PROCESS", False):
         raise VcbmGymError(
             f"--algo {args.algo!r} runs in one process, but this launch has WORLD_SIZE={world_size}; "
@@ -326,7 +320,7 @@ def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, floa
     summary["config_hash"] = record["config_hash"]
     summary = json.loads(json.dumps(summary, default=str))  # as a reader will see it; key order kept (roles)
     summary["checksum"] = summary_checksum(summary)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if cli.is_launch_main_process():
         cli.atomic_write_json(log_dir / "summary.json", summary)
     return summary
 

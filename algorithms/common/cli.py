@@ -45,6 +45,16 @@ def main(run: Callable[[list[str]], Any], argv: Sequence[str] | None = None) -> 
     return 0
 
 
+def launch_world_size() -> int:
+    """Processes in this launch: WORLD_SIZE as torchrun and accelerate launch set it (1 when run directly)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_launch_main_process() -> bool:
+    """Process 0 of this launch (RANK as torchrun sets it; a direct run is process 0): it writes the run's files."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def check_seed(seed: int, option: str = "--seed") -> int:
     if not 0 <= seed <= MAX_SEED:
         raise VcbmGymError(f"{option} {seed}: expected an integer in [0, {MAX_SEED}]")

@@ -303,7 +303,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     _, cfg = _loop_config(loop_kwargs, f"algo {ctx.algo!r}", ctx.algo)
     needs = info_needs(getattr(cfg, "credit", None), getattr(cfg, "ratio_sharing", "none"))  # trl-grpo: neither
     check_env_reports(ctx.env_id, run_cfg.env_kwargs, needs, ctx.seed)
-    main_process = int(os.environ.get("RANK", "0")) == 0
+    main_process = cli.is_launch_main_process()
     if main_process:
         (log_dir / "loop_config.yml").write_text(
             yaml.safe_dump(
