@@ -17,7 +17,11 @@ Text naming no tool is answered with an "invalid action ..." observation and cha
 An episode lasts `max_turns` turns (default 6). The underlying 50-step dynamics run in full: the
 decision is step 0, the other 49 steps are spread over the turns that follow it, and the last turn
 runs whatever remains, so the return has the distribution of WatchRepair-v0's. Without any
-decision by the last turn the watch stays unrepaired (return 0). The terminal reward is the
+decision by the last turn the watch stays unrepaired and the shop pays the owner a storage fee:
+the return is `undecided_return` (default -2.0, below the expected return of every decision, the
+worst being -1.5 for repairing brand 0 or 3), so that never deciding is never optimal. Without it
+an undecided episode would return exactly what skip() returns and the reward could not tell the
+two apart, while the task counts the first as a failure. The terminal reward is the
 watch-repair return times `reward_scale` (default 0.1: expected returns of repairing brands 0-3
 are -0.15, 0.35, 0.35, -0.15; realised returns lie roughly within [-4, 6]).
 
@@ -71,7 +75,14 @@ class WatchTextEnv(gym.Env):
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
 
-    def __init__(self, reward_scale: float, noise_scale: float, render_mode: str | None, params: dict[str, Any]):
+    def __init__(
+        self,
+        reward_scale: float,
+        noise_scale: float,
+        render_mode: str | None,
+        params: dict[str, Any],
+        undecided_return: float = -2.0,
+    ):
         if not (math.isfinite(reward_scale) and reward_scale > 0):
             raise ValueError(f"reward_scale={reward_scale}: expected a positive finite number")
         if not (math.isfinite(noise_scale) and noise_scale >= 0):
@@ -79,10 +90,17 @@ class WatchTextEnv(gym.Env):
         self.reward_scale, self.noise_scale = float(reward_scale), float(noise_scale)
         self.dynamics = WatchRepairDynamics(WatchRepairParams(**params))
         self.params = self.dynamics.params
+        self._expected_repair = self.params.expected_repair_return()
+        worst_decision = min(0.0, float(np.min(self._expected_repair)))
+        if not (math.isfinite(undecided_return) and undecided_return < worst_decision):
+            raise ValueError(
+                f"undecided_return={undecided_return}: expected a finite number below every decision's expected "
+                f"return (the worst is {worst_decision:.3f}), so that never deciding is never optimal"
+            )
+        self.undecided_return = float(undecided_return)
         if self.params.n_brands > len(BRAND_NAMES):
             raise ValueError(f"{self.params.n_brands} brands: expected at most {len(BRAND_NAMES)}")
         self._optimal = self.params.optimal_first_action()
-        self._expected_repair = self.params.expected_repair_return()
         self.observation_space = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=string.printable)
         self.action_space = spaces.Text(max_length=MAX_TEXT, min_length=0, charset=string.printable)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
@@ -103,12 +121,13 @@ class TextWatchRepairEnv(WatchTextEnv):
         max_turns: int = 6,
         reward_scale: float = 0.1,
         noise_scale: float = 1.0,
+        undecided_return: float = -2.0,
         render_mode: str | None = None,
         **params: Any,
     ):
         if int(max_turns) < 2:
             raise ValueError(f"max_turns={max_turns}: expected an integer >= 2 (a decision and a later turn)")
-        super().__init__(reward_scale, noise_scale, render_mode, params)
+        super().__init__(reward_scale, noise_scale, render_mode, params, undecided_return)
         self.max_turns = int(max_turns)
         self._state: np.ndarray | None = None
         self._decision: str | None = None
@@ -204,6 +223,8 @@ class TextWatchRepairEnv(WatchTextEnv):
         return f"In transport for {n} hours: {bumps} minor bumps, {drops} drops."
 
     def _final_return(self) -> float:
+        if self._decision is None:
+            return self.undecided_return
         return self.scaled_return(self._reward, self._decision == "repair", self._brand)
 
     def _inspection(self) -> str:
@@ -217,6 +238,8 @@ class TextWatchRepairEnv(WatchTextEnv):
     def _outcome(self) -> str:
         if self._decision == "repair":
             return f"the repaired watch earned {self._final_return() * self.reward_scale:+.3f}."
+        if self._decision is None:
+            return f"no decision was made; the owner's storage fee cost {self.undecided_return * self.reward_scale:+.3f}."
         return "the watch was not repaired; nothing earned or lost (+0.000)."
 
     def _info(self, mutating: bool, output: str, effect: str, is_decision: bool) -> dict[str, Any]:

@@ -18,7 +18,9 @@ to the final observation, which reports the movement's outcome in the movement s
 
 Parsing: the last tool name in the answer that belongs to the current station wins (as in
 TextWatchRepair); an answer naming none of them leaves the station untouched (not
-state-mutating) and, at the movement station, leaves the watch unrepaired and the task failed.
+state-mutating) and, at the movement station, leaves the watch unrepaired and the task failed:
+the return is then `undecided_return` (default -2.0, below every decision's expected return, as
+in TextWatchRepair), so a missed movement decision is never as good as skipping.
 
 The terminal reward is the watch-repair return times `reward_scale` (0.1), with its deviation
 from E[G | brand, decision] scaled by `noise_scale` (1.0: the paper's noise; 0: noiseless).
@@ -73,12 +75,13 @@ class TextWatchWorkshopEnv(WatchTextEnv):
         n_stations: int = 8,
         reward_scale: float = 0.1,
         noise_scale: float = 1.0,
+        undecided_return: float = -2.0,
         render_mode: str | None = None,
         **params: Any,
     ):
         if not isinstance(n_stations, (int, np.integer)) or not 2 <= n_stations <= len(COSMETIC_STATIONS) + 1:
             raise ValueError(f"n_stations={n_stations!r}: expected an integer in [2, {len(COSMETIC_STATIONS) + 1}]")
-        super().__init__(reward_scale, noise_scale, render_mode, params)
+        super().__init__(reward_scale, noise_scale, render_mode, params, undecided_return)
         self.n_stations = self.max_turns = int(n_stations)  # one station per turn
         self._stations: list[str] = []
         self._turn = self.n_stations
@@ -159,7 +162,9 @@ class TextWatchWorkshopEnv(WatchTextEnv):
         )
 
     def _movement_return(self) -> float:
-        """The watch-repair return of the movement decision (0 unless repaired), noise scaled."""
+        """The watch-repair return of the movement decision (0 if skipped), noise scaled."""
+        if self._decision is None:
+            return self.undecided_return
         if self._decision != "repair":
             return 0.0
         brand, first = self._state[:, 3], np.array([REPAIR])
@@ -173,7 +178,7 @@ class TextWatchWorkshopEnv(WatchTextEnv):
             return f"the {brand} movement was repaired and the watch shipped; the repair earned {reward:+.3f}."
         if self._decision == "skip":
             return f"the {brand} movement stayed unrepaired; nothing earned or lost (+0.000)."
-        return f"the {brand} movement was never handled; nothing earned or lost (+0.000)."
+        return f"the {brand} movement was never handled; the owner's storage fee cost {reward:+.3f}."
 
     def _info(self, mutating: bool, output: str, effect: str, is_decision: bool, station: str) -> dict[str, Any]:
         return {

@@ -53,14 +53,14 @@ def test_cosmetic_outputs_depend_on_the_call():
     assert all(standard[k]["execution_output"] != premium[k]["execution_output"] for k in cosmetic)
 
 
-def test_skip_pays_zero_and_a_missed_decision_fails_the_task():
+def test_skip_pays_zero_and_a_missed_decision_fails_the_task_and_is_charged():
     env = gym.make("TextWatchWorkshop-v0")
     total, infos, _ = _play(env, 2, "skip()")
     assert total == 0.0 and infos[-1]["task_goal_completion"] == float(EXPECTED[infos[0]["brand"]] <= 0)
     total, infos, final = _play(env, 2, "I am not sure")  # names neither tool at the movement
     movement = next(i for i in infos if i["is_decision_turn"])
     assert movement["effect"] == "invalid" and not movement["state_mutating"]
-    assert total == 0.0 and infos[-1]["task_goal_completion"] == 0.0 and "never handled" in final
+    assert total == pytest.approx(-0.2) and infos[-1]["task_goal_completion"] == 0.0 and "never handled" in final
 
 
 def test_a_tool_of_another_station_is_invalid():
@@ -99,7 +99,15 @@ def test_noise_scale_one_is_the_paper_distribution():
 
 @pytest.mark.parametrize(
     "bad",
-    [dict(n_stations=1), dict(n_stations=11), dict(noise_scale=-0.1), dict(noise_scale=float("nan")), dict(reward_scale=0.0)],
+    [
+        dict(n_stations=1),
+        dict(n_stations=11),
+        dict(noise_scale=-0.1),
+        dict(noise_scale=float("nan")),
+        dict(reward_scale=0.0),
+        dict(undecided_return=-1.5),  # equal to repairing brand 0: never deciding would tie with a decision
+        dict(undecided_return=float("-inf")),
+    ],
 )
 def test_bad_constructor_values_are_refused_with_the_value_named(bad):
     ((key, value),) = bad.items()
@@ -110,13 +118,20 @@ def test_bad_constructor_values_are_refused_with_the_value_named(bad):
             TextWatchRepairEnv(**bad)
 
 
-def test_text_watch_repair_counts_an_undecided_episode_as_a_failure():
+def test_text_watch_repair_counts_an_undecided_episode_as_a_failure_and_charges_for_it():
+    """Undecided pays undecided_return x reward_scale (-0.2), below skip's 0: the reward tells the two apart."""
     env = TextWatchRepairEnv(max_turns=3)
     env.reset(seed=0)
     for _ in range(3):
-        _, reward, terminated, _, info = env.step("wait()")
-    assert terminated and reward == 0.0
+        obs, reward, terminated, _, info = env.step("wait()")
+    assert terminated and reward == pytest.approx(-0.2)
     assert info["task_goal_completion"] == 0.0 and info["first_decision_optimal"] is False
+    assert "no decision was made" in obs
+    env = TextWatchRepairEnv(max_turns=3, undecided_return=-5.0)
+    env.reset(seed=0)
+    assert sum(env.step("inspect()")[1] for _ in range(3)) == pytest.approx(-0.5)
+    env.reset(seed=0)
+    assert sum(env.step(a)[1] for a in ("inspect()", "skip()", "wait()")) == 0.0  # deciding late is not charged
 
 
 def test_a_long_s_parses_to_the_documented_tool_name():
