@@ -477,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
         "default: a local Ray instance for this compare",
     )
     parser.add_argument("--max-episodes", type=int, default=None, help="episode cap passed to every run")
-    parser.add_argument("--hyperparams", nargs="*", default=[], metavar="KEY=VALUE", help="passed to every run")
+    parser.add_argument("--hyperparams", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="passed to every run")
     parser.add_argument("--out", required=True, help="output dir (finished runs found there are reused)")
     parser.add_argument("--no-curves", action="store_true", help="skip the learning-curve figure (reads every run's logs)")
     parser.add_argument("--no-progress", action="store_true")

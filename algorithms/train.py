@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--config", default=None, help="YAML file of hyperparameters (flat, keyed by env id, or a run's config.yml)"
     )
-    parser.add_argument("--hyperparams", nargs="*", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--hyperparams", nargs="*", action="extend", default=[], metavar="KEY=VALUE")
     parser.add_argument("--max-episodes", type=int, default=None, help="episode cap (tabular and SB3 runs)")
     parser.add_argument("--overwrite", action="store_true", help="replace the run already in --log-dir")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -585,7 +585,9 @@ def build_parser() -> cli.ArgumentParser:
     parser.add_argument("--seed-start", type=int, default=0)
     parser.add_argument("--max-episodes", type=int, default=None, help="episode cap per run (tabular, SB3)")
     parser.add_argument("--iterations", type=int, default=None, help="iterations per run (LLM)")
-    parser.add_argument("--hyperparams", nargs="*", default=[], metavar="KEY=VALUE", help="fixed for every trial")
+    parser.add_argument(
+        "--hyperparams", nargs="*", action="extend", default=[], metavar="KEY=VALUE", help="fixed for every trial"
+    )
     parser.add_argument("--search-space", default=None, help=f"YAML file like {SEARCH_SPACES.relative_to(ZOO_CONFIG_DIR.parent)}")
     parser.add_argument("--out", default=None, help="output dir (default: runs/tune/<algo>/<env>)")
     parser.add_argument("--storage", default=None, help="journal file of the study (default: OUT/study.journal)")

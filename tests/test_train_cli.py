@@ -110,3 +110,15 @@ def test_a_single_process_algo_refuses_a_multi_process_launch(tmp_path, monkeypa
     with pytest.raises(VcbmGymError, match="WORLD_SIZE=2"):
         run(["--algo", "vcbm", "--env", "WatchRepair-v0", "--log-dir", str(tmp_path / "r"), "--max-episodes", "2"])
     assert not (tmp_path / "r").exists()
+
+
+def test_a_repeated_hyperparams_flag_adds_to_the_first_instead_of_replacing_it():
+    """argparse's default `store` kept only the last --hyperparams: the first flag's settings were silently lost."""
+    from algorithms.compare import build_parser as compare_parser
+    from algorithms.train import build_parser as train_parser
+    from algorithms.tune import build_parser as tune_parser
+
+    argv = ["--algo", "vcbm", "--hyperparams", "alpha=0.1", "--hyperparams", "beta=2"]
+    assert train_parser().parse_args(argv).hyperparams == ["alpha=0.1", "beta=2"]
+    assert compare_parser().parse_args(["--algos", "vcbm", "--out", "x", *argv[2:]]).hyperparams == ["alpha=0.1", "beta=2"]
+    assert tune_parser().parse_args(["--trials", "1", *argv]).hyperparams == ["alpha=0.1", "beta=2"]
