@@ -9,7 +9,8 @@ env's reward noise (`noise_scale`: 1.0 is the paper's noise) and the iteration b
 `loop` (LOO advantage on every token), `vcbm-loop` (VCBM-blended LOOP, the zoo entry's rule) and
 `trl-grpo` (TRL's GRPOTrainer objective with its sequence-level group advantage: the external
 baseline). Runs go to OUT/<setting>/<method>/seed<k>/; a run whose summary exists for the same
-request is reused, so an interrupted benchmark resumes where it stopped.
+request (the same command line and the same warm-started model, named by its cache key) is reused,
+so an interrupted benchmark resumes where it stopped and never reuses a run of another model.
 
 Outputs in OUT:
 - `results.json`: per setting and method, the per-iteration mean and 95% t-interval across seeds
@@ -41,10 +42,12 @@ sys.path.insert(0, str(REPO))
 from algorithms.common import cli  # noqa: E402
 
 # name -> (env id, noise_scale, iterations)
+# Budgets fit the whole default run in 60 minutes on 2 cores: an iteration of TextWatchRepair with 3
+# turns takes about 1.1 s there (two runs side by side), one of the 8-station workshop about 4 s.
 SETTINGS = {
-    "twr-low": ("TextWatchRepair-v0", 0.25, 60),
-    "twr-paper": ("TextWatchRepair-v0", 1.0, 60),
-    "workshop-low": ("TextWatchWorkshop-v0", 0.25, 60),
+    "twr-low": ("TextWatchRepair-v0", 0.25, 100),
+    "twr-paper": ("TextWatchRepair-v0", 1.0, 50),
+    "workshop-low": ("TextWatchWorkshop-v0", 0.25, 40),
 }
 METHODS = ("loop", "vcbm-loop", "trl-grpo")
 METRICS = {
@@ -81,12 +84,13 @@ def _argv(setting: str, method: str, seed: int, iterations: int, log_dir: Path) 
     ]
 
 
-def _one_run(argv: list[str], log_dir: str) -> dict:
+def _one_run(argv: list[str], log_dir: str, warm_start: str) -> dict:
     """Train one run (in a worker process) unless its summary exists for this exact request."""
     log = Path(log_dir)
     request = log / "request.json"
+    record = {"argv": argv, "warm_start": warm_start}
     if (log / "summary.json").is_file() and (log / "history.json").is_file() and request.is_file():
-        if json.loads(request.read_text()) == argv:
+        if json.loads(request.read_text()) == record:
             return {"history": json.loads((log / "history.json").read_text()), "reused": True}
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import contextlib
@@ -97,7 +101,7 @@ def _one_run(argv: list[str], log_dir: str) -> dict:
     shutil.rmtree(log, ignore_errors=True)  # never let an old result stand beside a new request
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         run(argv)
-    cli.atomic_write_text(request, json.dumps(argv))  # written last: a run is complete only with its request record
+    cli.atomic_write_text(request, json.dumps(record))  # written last: a run is complete only with its request record
     return {"history": json.loads((log / "history.json").read_text()), "reused": False}
 
 
@@ -218,9 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
 
-    from algorithms.llm.warm_start import warm_started_tiny
+    from algorithms.llm.warm_start import warm_start_id, warm_started_tiny
 
     warm_started_tiny()  # build the cached warm-start once, before the workers need it
+    warm_start = warm_start_id()
 
     jobs = {}
     for setting in args.settings:
@@ -228,14 +233,16 @@ def main(argv: list[str] | None = None) -> int:
         for method in args.methods:
             for seed in range(args.seeds):
                 log = out / setting / method / f"seed{seed}"
-                jobs[(setting, method, seed)] = (_argv(setting, method, seed, budget, log), str(log))
+                jobs[(setting, method, seed)] = (_argv(setting, method, seed, budget, log), str(log), warm_start)
     histories: dict = {s: {m: [None] * args.seeds for m in args.methods} for s in args.settings}
+    reused: dict = {}
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         futures = {pool.submit(_one_run, *job): key for key, job in jobs.items()}
         for done, future in enumerate(as_completed(futures), 1):
             setting, method, seed = futures[future]
             result = future.result()
             histories[setting][method][seed] = result["history"]
+            reused[(setting, method, seed)] = result["reused"]
             final = result["history"][-1].get("task_goal_completion", float("nan"))
             print(
                 f"[{done}/{len(jobs)}] {setting} {method} seed {seed}: final optimal rate {final:.2f}"
@@ -244,8 +251,30 @@ def main(argv: list[str] | None = None) -> int:
             )
     wall = time.perf_counter() - start
     results = summarise(histories, args.window)
-    payload = {"settings": results, "seeds": args.seeds, "window": args.window, "target": TARGET, "wall_time_s": wall}
+    payload = {
+        "warm_start": warm_start,
+        "settings": results,
+        "seeds": args.seeds,
+        "window": args.window,
+        "target": TARGET,
+        "wall_time_s": wall,
+    }
     cli.atomic_write_json(out / "results.json", payload)
+    from algorithms.train import environment_record
+
+    command = " ".join(["python", "benchmarks/llm_learning.py", *(sys.argv[1:] if argv is None else argv)])
+    runs_reused = sum(reused.values())
+    cli.atomic_write_json(
+        out / "run.json",
+        {
+            "command": command,
+            "wall_time_s": wall,
+            "warm_start": warm_start,
+            "runs": len(jobs),
+            "runs_reused": runs_reused,
+            **environment_record(),
+        },
+    )
     (out / "results.md").write_text(table(results, args.window, wall))
     plot(results, out / "curves.png")
     print((out / "results.md").read_text())

@@ -77,8 +77,19 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
-def build_tiny_model(vocab_size: int, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Qwen2ForCausalLM:
-    """A randomly initialised Qwen2 (2 layers, hidden 64), identical for identical arguments."""
+def build_tiny_model(
+    vocab_size: int,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    tie_embeddings: bool = True,
+    embedding_std: float | None = None,
+) -> Qwen2ForCausalLM:
+    """A randomly initialised Qwen2 (2 layers, hidden 64), identical for identical arguments.
+
+    `tie_embeddings=False` gives the output layer its own weights; `embedding_std` re-draws the
+    input embeddings from N(0, embedding_std^2) instead of the default N(0, 0.02^2).
+    """
     config = Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -87,20 +98,27 @@ def build_tiny_model(vocab_size: int, seed: int = 0, hidden_size: int = 64, num_
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=8192,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_embeddings,
     )
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
         model = Qwen2ForCausalLM(config)
+        if embedding_std is not None:
+            with torch.no_grad():
+                model.model.embed_tokens.weight.normal_(0.0, embedding_std)
     finally:
         torch.random.set_rng_state(generator_state)
     return model
 
 
-def build_tiny(seed: int = 0, hidden_size: int = 64) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+def build_tiny(
+    seed: int = 0, hidden_size: int = 64, tie_embeddings: bool = True, embedding_std: float | None = None
+) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     tokenizer = build_tiny_tokenizer()
-    model = build_tiny_model(len(tokenizer), seed, hidden_size=hidden_size)
+    model = build_tiny_model(
+        len(tokenizer), seed, hidden_size=hidden_size, tie_embeddings=tie_embeddings, embedding_std=embedding_std
+    )
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer

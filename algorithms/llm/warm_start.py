@@ -4,10 +4,28 @@ Real LLM RL starts from an instruct model that already answers in the tool-call 
 stage only has to learn *which* call to make. A randomly initialised tiny model answers with
 random words, so most turns are invalid and the little that RL learns is about format. This
 module gives the tiny model that starting point: a short supervised stage (TRL's `SFTTrainer`) on
-well-formed tool-call turns of the embedded text environments, played by a random policy that
-picks each valid tool equally often (repair and skip 50/50 whatever the brand). The data thus
-teach the format and *carry no information about which decision is right*: after warm-start the
-model repairs each brand about as often as it skips, and RL must learn the rest.
+well-formed tool-call turns of the embedded text environments, played by a scripted policy whose
+decisions are coin flips: in TextWatchRepair it decides at the first turn, repair or skip 50/50
+whatever the brand; at a workshop station it picks either tool 50/50. The data thus teach the
+format and *carry no information about which decision is right*: after warm-start the model
+repairs each brand about as often as it skips, and RL must learn the rest.
+
+Two choices make the result a model that RL can move brand by brand (measured, issue 10):
+
+- **The model reads the brand.** A real instruct model's state at the decision carries what the
+  prompt says; a tiny model trained only on brand-independent targets learns to ignore the brand
+  (its share of the final hidden state's variance across brands was below 1%). Then every policy
+  gradient step moves all brands together: the larger expected gain of repairing brands 1 and 2
+  drags brands 0 and 3 along, until all four repair and the groups of 0 and 3 hold no skip left to
+  learn from. So after its decision, the scripted policy follows a brand routine: inspect() for
+  Alder and Corvina, wait() for Borealis and Dunmore. That split is orthogonal to the right
+  decision (repair pays for Borealis and Corvina), so it teaches the model to tell the brands
+  apart without telling it which to repair.
+- **Untied output layer, input embeddings drawn with std 1** (`tie_embeddings`, `embedding_std`):
+  with the default tied N(0, 0.02^2) embeddings the token in front of the decision (the brand) is a
+  small part of the residual stream; drawn larger and untied from the output rows, it stays
+  visible at the decision. With the tied model, LOOP at noise 0.25 still ended with every brand
+  repairing after 100 iterations (1 of 2 seeds); untied, 2 of 2 seeds learned the brands.
 
 Answers are one line, `Action: <subject> <tool>()`: what the call acts on (the watch's brand, or
 the workshop station), copied from the observation, then the call. It is the shortest ReAct turn
@@ -46,12 +64,19 @@ MARKER = "warm_start.json"
 @dataclass(frozen=True)
 class WarmStartConfig:
     episodes_per_env: int = 160  # random-policy episodes of each env in WARM_START_ENVS
-    max_steps: int = 500  # SFT optimizer steps
+    max_steps: int = 300  # SFT optimizer steps
     hidden_size: int = 128  # 64 never learned to copy the brand (20%, chance); 128 copies it 99% of the time
     batch_size: int = 16
     learning_rate: float = 3e-3
     model_seed: int = 0  # the random initialisation before SFT (one "instruct model" for all runs)
     data_seed: int = 0
+    tie_embeddings: bool = False  # see the module docstring
+    embedding_std: float = 1.0
+
+
+# After its decision the scripted policy inspects Alder and Corvina watches and waits on Borealis and
+# Dunmore ones: a brand routine orthogonal to the right decision (repair pays for brands 1 and 2).
+BRAND_ROUTINE = ("inspect", "wait", "inspect", "wait")
 
 
 TINY_SYSTEM_PROMPT = "You act in a text environment. Answer each observation with one tool call: Action: <subject> <tool>()"
@@ -70,8 +95,8 @@ def format_answer(subject: str, tool: str) -> str:
     return f"Action: {subject} {tool}()"
 
 
-def _valid_calls(env_id: str, env, decided: bool) -> tuple[str, list[str]]:
-    """(subject, well-formed calls) at this point of an episode."""
+def _scripted_call(env_id: str, env, decided: bool, rng: np.random.Generator) -> tuple[str, str]:
+    """(subject, tool) of the scripted policy at this point of an episode."""
     from envs.text_watch_repair import BRAND_NAMES
 
     core = env.unwrapped
@@ -80,16 +105,18 @@ def _valid_calls(env_id: str, env, decided: bool) -> tuple[str, list[str]]:
         from envs.text_watch_workshop import COSMETIC_TOOLS, MOVEMENT, MOVEMENT_TOOLS
 
         station = core._stations[core._turn]
-        return (brand, list(MOVEMENT_TOOLS)) if station == MOVEMENT else (station, list(COSMETIC_TOOLS))
-    return brand, (["inspect", "wait"] if decided else ["repair", "skip", "inspect", "wait"])
+        subject, calls = (brand, MOVEMENT_TOOLS) if station == MOVEMENT else (station, COSMETIC_TOOLS)
+        return subject, str(rng.choice(list(calls)))
+    if decided:
+        return brand, BRAND_ROUTINE[core._brand]
+    return brand, "repair" if rng.random() < 0.5 else "skip"
 
 
 def warm_start_examples(cfg: WarmStartConfig = WarmStartConfig()) -> list[dict[str, Any]]:
-    """Conversational prompt/completion pairs, one per turn of random well-formed episodes.
+    """Conversational prompt/completion pairs, one per turn of the scripted policy's episodes.
 
-    TextWatchRepair: before the decision, repair() and skip() are each drawn with probability
-    1/4, inspect() and wait() with 1/4 each; after it, inspect() or wait(). Workshop: either tool
-    of the station, 50/50. No choice depends on the brand.
+    TextWatchRepair: repair() or skip() 50/50 at the first turn, then the brand routine
+    (BRAND_ROUTINE). Workshop: either tool of the station, 50/50. No decision depends on the brand.
     """
     import gymnasium as gym
 
@@ -104,8 +131,8 @@ def warm_start_examples(cfg: WarmStartConfig = WarmStartConfig()) -> list[dict[s
             messages = initial_messages(str(obs), system_prompt=tiny_system_prompt())
             decided, done = False, False
             while not done:
-                subject, calls = _valid_calls(env_id, env, decided)
-                answer = {"role": "assistant", "content": format_answer(subject, str(rng.choice(calls)))}
+                subject, tool = _scripted_call(env_id, env, decided, rng)
+                answer = {"role": "assistant", "content": format_answer(subject, tool)}
                 examples.append({"prompt": [dict(m) for m in messages], "completion": [answer]})
                 obs, _, terminated, truncated, info = env.step(answer["content"])
                 decided = decided or bool(info.get("is_decision_turn"))
@@ -154,16 +181,28 @@ def _train(model, tokenizer, examples: list[dict[str, Any]], cfg: WarmStartConfi
     return float(result.training_loss)
 
 
+def _untrained(cfg: WarmStartConfig):
+    """The random tiny model, its tokenizer, the SFT data and the cache key naming all three."""
+    from algorithms.llm.tiny import build_tiny
+
+    model, tokenizer = build_tiny(
+        cfg.model_seed, hidden_size=cfg.hidden_size, tie_embeddings=cfg.tie_embeddings, embedding_std=cfg.embedding_std
+    )
+    examples = warm_start_examples(cfg)
+    return model, tokenizer, examples, warm_start_key(cfg, examples, model.config.to_dict(), tokenizer.get_vocab())
+
+
+def warm_start_id(cfg: WarmStartConfig = WarmStartConfig()) -> str:
+    """The cache key of the warm-started model `--model tiny` resolves to (changes with data, model or settings)."""
+    return _untrained(cfg)[3]
+
+
 def warm_started_tiny(cfg: WarmStartConfig = WarmStartConfig(), cache_dir: str | Path | None = None):
     """The warm-started tiny model and its tokenizer, from the cache or built (and cached) now."""
     import torch
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from algorithms.llm.tiny import build_tiny
-
-    model, tokenizer = build_tiny(cfg.model_seed, hidden_size=cfg.hidden_size)
-    examples = warm_start_examples(cfg)
-    key = warm_start_key(cfg, examples, model.config.to_dict(), tokenizer.get_vocab())
+    model, tokenizer, examples, key = _untrained(cfg)
     root = Path(cache_dir) if cache_dir is not None else _cache_root()
     folder = root / "tiny_warm_start" / key
     folder.parent.mkdir(parents=True, exist_ok=True)
