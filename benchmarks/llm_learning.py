@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import shutil
 import sys
@@ -103,6 +104,15 @@ def _one_run(argv: list[str], log_dir: str, warm_start: str) -> dict:
         run(argv)
     cli.atomic_write_text(request, json.dumps(record))  # written last: a run is complete only with its request record
     return {"history": json.loads((log / "history.json").read_text()), "reused": False}
+
+
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """Worker processes that are spawned, not forked.
+
+    A child forked after this process ran a multi-threaded torch op (it trains the warm-start when
+    the cache is cold) inherits a dead OpenMP thread pool and hangs in its first multi-threaded op.
+    """
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
 
 
 def iterations_to_target(rates: np.ndarray, window: int, target: float = TARGET) -> tuple[int, bool]:
@@ -236,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 jobs[(setting, method, seed)] = (_argv(setting, method, seed, budget, log), str(log), warm_start)
     histories: dict = {s: {m: [None] * args.seeds for m in args.methods} for s in args.settings}
     reused: dict = {}
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+    with worker_pool(args.workers) as pool:
         futures = {pool.submit(_one_run, *job): key for key, job in jobs.items()}
         for done, future in enumerate(as_completed(futures), 1):
             setting, method, seed = futures[future]

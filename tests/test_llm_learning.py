@@ -63,3 +63,33 @@ def test_the_check_fails_when_the_gradient_is_wrong(tmp_path, monkeypatch):
     monkeypatch.setattr(LoopTrainer, "token_advantages", lambda self, batch: -original(self, batch))
     rates = _rates(tmp_path, "flipped", 12)
     assert rates[-3:].mean() < 0.8
+
+
+def test_the_benchmark_workers_survive_a_parent_that_used_torch_threads():
+    """A forked worker hung forever after the parent trained the warm-start (cold cache) on 2 threads."""
+    import importlib.util
+    from concurrent.futures import TimeoutError
+    from pathlib import Path
+
+    import torch
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "llm_learning.py"
+    spec = importlib.util.spec_from_file_location("llm_learning_benchmark", path)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(1500, 1500)
+        (x @ x).sum()  # the parent's OpenMP pool is now live
+        pool = benchmark.worker_pool(1)
+        try:
+            assert pool.submit(torch.mm, x, x).result(timeout=120).shape == (1500, 1500)
+        except TimeoutError:
+            for process in list(pool._processes.values()):
+                process.kill()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        torch.set_num_threads(threads)
