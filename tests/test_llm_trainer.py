@@ -295,7 +295,8 @@ def test_scripted_rollout_records_the_decision_and_truncates_only_the_model_cont
 @pytest.mark.slow
 def test_empo_effect_ratio_sharing_smoke_run_logs_cell_coverage(tmp_path):
     # K = 24 rollouts of one task share the turn-0 prompt; equal parsed actions there form EMPO cells
-    # (about a third of the random tiny model's turns name one of 4 tools). One micro-batch keeps cells whole.
+    # (the random tiny model names one of the 4 tools in some of its 32-token turns). One micro-batch keeps
+    # cells whole.
     summary = run(
         [
             "--algo",
@@ -315,7 +316,7 @@ def test_empo_effect_ratio_sharing_smoke_run_logs_cell_coverage(tmp_path):
             "num_generations=24",
             "generation_batch_size=24",
             "per_device_train_batch_size=24",
-            "max_new_tokens_per_turn=16",
+            "max_new_tokens_per_turn=32",
         ]
     )
     coverage = _scalars(tmp_path)["loop/empo_cell_coverage"]
