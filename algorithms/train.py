@@ -331,8 +331,13 @@ def _main(argv: list[str]) -> None:
     brief = {
         k: v for k, v in summary.items() if k not in skip and (k == "roles" or isinstance(v, (bool, int, float, str, type(None))))
     }
-    print(json.dumps(brief))
-    print(f"TensorBoard logs: {summary['log_dir']}  (view with: tensorboard --logdir {summary['log_dir']})")
+    if not cli.is_launch_main_process():
+        return  # under torchrun every process returns the same run summary; one report is enough
+    tensorboard = f"TensorBoard logs: {summary['log_dir']}  (view with: tensorboard --logdir {summary['log_dir']})"
+    # one write, flushed: other processes of a launch share this stdout, and two writes could interleave
+    sys.stdout.flush()
+    sys.stdout.write(f"{json.dumps(brief)}\n{tensorboard}\n")
+    sys.stdout.flush()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,8 @@
 
 Each call of `LoopTrainer.token_advantages` writes DUMP_DIR/call<k>_rank<r>.pkl: the gathered
 batch of all processes' episodes, where this process's rows start, and the advantages this process
-trains on. tests/test_llm_multiprocess.py replays the gathered batches in one process.
+trains on. tests/test_llm_multiprocess.py replays the gathered batches in one process. Each process
+also writes the summary its `algorithms.train.run` returned to DUMP_DIR/summary_rank<r>.json.
 """
 
 import os
@@ -12,8 +13,10 @@ import pickle
 import sys
 
 sys.path.insert(0, sys.argv[1])  # the repository root
+import json  # noqa: E402
+
+from algorithms import train as train_module  # noqa: E402
 from algorithms.llm import trainer as trainer_module  # noqa: E402
-from algorithms.train import main  # noqa: E402
 
 dump_dir = sys.argv[2]
 original = trainer_module.LoopTrainer.token_advantages
@@ -31,5 +34,17 @@ def recording_token_advantages(self, batch):
     return advantages
 
 
+original_run = train_module.run
+
+
+def recording_run(argv):
+    summary = original_run(argv)
+    path = os.path.join(dump_dir, f"summary_rank{os.environ['RANK']}.json")
+    with open(path, "w") as f:
+        json.dump(summary, f)
+    return summary
+
+
 trainer_module.LoopTrainer.token_advantages = recording_token_advantages
-sys.exit(main(sys.argv[3:]))
+train_module.run = recording_run
+sys.exit(train_module.main(sys.argv[3:]))
