@@ -132,13 +132,20 @@ NEEDS = "compare measures episodes to converge"
 
 
 def require_criterion(env_id: str, jobs: list[Job]) -> None:
-    """Refuse, before any run, an env that reports no `first_decision_optimal` at the end of an episode:
-    one random episode per distinct env_kwargs of the tabular and SB3 algos (their runners settle which
-    evaluation keys an env reports at its first episode, algorithms.common.convergence)."""
+    """Refuse, before any run, an algo that does not measure episodes to converge (the LLM ones), and an
+    env that reports no `first_decision_optimal` at the end of an episode: one random episode per distinct
+    env_kwargs (the runners settle which evaluation keys an env reports at its first episode,
+    algorithms.common.convergence)."""
+    for job in jobs:  # an LLM run reports no episodes to converge either: its runs would be wasted hours
+        if get_algo(job.run.algo).runner not in EPISODE_RUNNERS:
+            raise VcbmGymError(
+                f"--algos {job.label}: {NEEDS}, which only the tabular and SB3 algos report; "
+                "compare LLM algos with python benchmarks/llm_learning.py"
+            )
     seen: list[dict[str, Any]] = []
     for job in jobs:
         env_kwargs = dict(job.run.hyperparams.get("env_kwargs") or {})
-        if get_algo(job.run.algo).runner in EPISODE_RUNNERS and env_kwargs not in seen:
+        if env_kwargs not in seen:
             seen.append(env_kwargs)
             convergence.require_criterion(env_id, env_kwargs, NEEDS)
 

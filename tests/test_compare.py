@@ -263,6 +263,17 @@ def test_an_env_without_the_convergence_criterion_is_refused_before_any_run(tmp_
     assert not (tmp_path / "ppo").exists() and not (tmp_path / "results.json").exists()
 
 
+def test_an_llm_algo_is_refused_before_any_run(tmp_path, capsys):
+    """An LLM run's summary has no episodes to converge: compare would train every seed, then fail."""
+    pytest.importorskip("trl")
+    argv = ["--env", "TextWatchRepair-v0", "--algos", "vcbm", "loop", "--seeds", "2", "--workers", "0",
+            "--out", str(tmp_path), "--no-progress"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--algos loop" in err and "benchmarks/llm_learning.py" in err
+    assert not (tmp_path / "loop").exists() and not (tmp_path / "vcbm").exists()
+
+
 def test_aggregate_refuses_summaries_with_null_convergence_fields(tmp_path):
     """A summary of a run without the criterion (found in --out, say) fails with one line naming the env
     and the key, not with float(None)."""
