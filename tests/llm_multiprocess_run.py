@@ -8,13 +8,12 @@ trains on. tests/test_llm_multiprocess.py replays the gathered batches in one pr
 also writes the summary its `algorithms.train.run` returned to DUMP_DIR/summary_rank<r>.json.
 """
 
+import json
 import os
 import pickle
 import sys
 
 sys.path.insert(0, sys.argv[1])  # the repository root
-import json  # noqa: E402
-
 from algorithms import train as train_module  # noqa: E402
 from algorithms.llm import trainer as trainer_module  # noqa: E402
 
