@@ -325,8 +325,22 @@ def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, floa
     return summary
 
 
+def _leave_launch_together() -> None:
+    """Under a multi-process launch: wait for every process, then close the process group. A process that
+    exits while its peers still use the group can abort in gloo's teardown (SIGABRT, "terminate called
+    without an active exception"), and torchrun then reports a finished run as failed."""
+    torch = sys.modules.get("torch")  # a tabular run never imports it
+    if cli.launch_world_size() > 1 and torch is not None and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
 def _main(argv: list[str]) -> None:
-    summary = run(argv)
+    _report(run(argv))
+    _leave_launch_together()  # not after an error: the peers may be inside another collective
+
+
+def _report(summary: dict[str, Any]) -> None:
     skip = {"algo", "env", "seed", "log_dir", "config_hash", "checksum"}
     brief = {
         k: v for k, v in summary.items() if k not in skip and (k == "roles" or isinstance(v, (bool, int, float, str, type(None))))

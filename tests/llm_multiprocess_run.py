@@ -5,7 +5,8 @@
 Each call of `LoopTrainer.token_advantages` writes DUMP_DIR/call<k>_rank<r>.pkl: the gathered
 batch of all processes' episodes, where this process's rows start, and the advantages this process
 trains on. tests/test_llm_multiprocess.py replays the gathered batches in one process. Each process
-also writes the summary its `algorithms.train.run` returned to DUMP_DIR/summary_rank<r>.json.
+also writes the summary its `algorithms.train.run` returned to DUMP_DIR/summary_rank<r>.json, and
+whether its process group was still open when `algorithms.train.main` returned to DUMP_DIR/left_rank<r>.json.
 """
 
 import json
@@ -46,4 +47,9 @@ def recording_run(argv):
 
 trainer_module.LoopTrainer.token_advantages = recording_token_advantages
 train_module.run = recording_run
-sys.exit(train_module.main(sys.argv[3:]))
+code = train_module.main(sys.argv[3:])
+import torch.distributed  # noqa: E402  (imported by the run already)
+
+with open(os.path.join(dump_dir, f"left_rank{os.environ['RANK']}.json"), "w") as f:
+    json.dump({"exit_code": code, "group_open": torch.distributed.is_initialized()}, f)
+sys.exit(code)

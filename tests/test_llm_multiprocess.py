@@ -85,6 +85,10 @@ def test_two_processes_train_with_one_process_credit_checkpoint_resume_and_load(
         return {k: v for k, v in s.items() if "time" not in k and k != "checksum"}
 
     assert [same_run(p) for p in reported] == 2 * [same_run(summary)]
+    # the processes leave together, with the process group closed (a process exiting while its peer
+    # still used the group aborted in gloo's teardown once, failing a finished launch)
+    for r in (0, 1):
+        assert json.loads((tmp_path / "dump" / f"left_rank{r}.json").read_text()) == {"exit_code": 0, "group_open": False}
     # and the launch prints that summary once, as one whole line
     printed = [json.loads(line) for line in done.stdout.splitlines() if line.startswith('{"iterations_run"')]
     assert len(printed) == 1 and printed[0]["final_mean_return"] == summary["final_mean_return"]
