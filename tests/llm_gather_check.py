@@ -39,3 +39,7 @@ for credit in ("loo", "grpo", "gigpo", "vcbm_blend"):
 # one write() per rank: both ranks share torchrun's stdout pipe, and a write under PIPE_BUF bytes is not
 # interleaved with the other rank's (print may split a line into several writes)
 os.write(1, f"RESULT {rank} {start} {full.batch_size} {json.dumps(out)}\n".encode())
+# leave together with the process group closed (as algorithms.train does): a rank exiting while its peer
+# still uses the group can abort in gloo's teardown
+acc.wait_for_everyone()
+acc.end_training()
