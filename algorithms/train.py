@@ -341,12 +341,12 @@ def _main(argv: list[str]) -> None:
 
 
 def _report(summary: dict[str, Any]) -> None:
+    if not cli.is_launch_main_process():
+        return  # under torchrun every process returns the same run summary; one report is enough
     skip = {"algo", "env", "seed", "log_dir", "config_hash", "checksum"}
     brief = {
         k: v for k, v in summary.items() if k not in skip and (k == "roles" or isinstance(v, (bool, int, float, str, type(None))))
     }
-    if not cli.is_launch_main_process():
-        return  # under torchrun every process returns the same run summary; one report is enough
     tensorboard = f"TensorBoard logs: {summary['log_dir']}  (view with: tensorboard --logdir {summary['log_dir']})"
     # one write, flushed: other processes of a launch share this stdout, and two writes could interleave
     sys.stdout.flush()

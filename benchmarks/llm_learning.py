@@ -237,10 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
 
-    from algorithms.llm.warm_start import warm_start_id, warm_started_tiny
+    from algorithms.llm.warm_start import cached_warm_start
 
-    warm_started_tiny()  # build the cached warm-start once, before the workers need it
-    warm_start = warm_start_id()
+    warm_start = cached_warm_start().name  # built once, before the workers need it; its name is its key
 
     jobs = {}
     for setting in args.settings:
@@ -250,14 +249,14 @@ def main(argv: list[str] | None = None) -> int:
                 log = out / setting / method / f"seed{seed}"
                 jobs[(setting, method, seed)] = (_argv(setting, method, seed, budget, log), str(log), warm_start)
     histories: dict = {s: {m: [None] * args.seeds for m in args.methods} for s in args.settings}
-    reused: dict = {}
+    runs_reused = 0
     with worker_pool(args.workers) as pool:
         futures = {pool.submit(_one_run, *job): key for key, job in jobs.items()}
         for done, future in enumerate(as_completed(futures), 1):
             setting, method, seed = futures[future]
             result = future.result()
             histories[setting][method][seed] = result["history"]
-            reused[(setting, method, seed)] = result["reused"]
+            runs_reused += result["reused"]
             final = result["history"][-1].get("task_goal_completion", float("nan"))
             print(
                 f"[{done}/{len(jobs)}] {setting} {method} seed {seed}: final optimal rate {final:.2f}"
@@ -278,7 +277,6 @@ def main(argv: list[str] | None = None) -> int:
     from algorithms.train import environment_record
 
     command = " ".join(["python", "benchmarks/llm_learning.py", *(sys.argv[1:] if argv is None else argv)])
-    runs_reused = sum(reused.values())
     cli.atomic_write_json(
         out / "run.json",
         {

@@ -182,28 +182,18 @@ def _train(model, tokenizer, examples: list[dict[str, Any]], cfg: WarmStartConfi
     return float(result.training_loss)
 
 
-def _untrained(cfg: WarmStartConfig):
-    """The random tiny model, its tokenizer, the SFT data and the cache key naming all three."""
+def cached_warm_start(cfg: WarmStartConfig = WarmStartConfig(), cache_dir: str | Path | None = None) -> Path:
+    """The cache folder of the warm-started tiny model, built now if absent. Its name is the cache key
+    (a hash of the settings, the SFT data, the model config and the vocabulary)."""
+    import torch
+
     from algorithms.llm.tiny import build_tiny
 
     model, tokenizer = build_tiny(
         cfg.model_seed, hidden_size=cfg.hidden_size, tie_embeddings=cfg.tie_embeddings, embedding_std=cfg.embedding_std
     )
     examples = warm_start_examples(cfg)
-    return model, tokenizer, examples, warm_start_key(cfg, examples, model.config.to_dict(), tokenizer.get_vocab())
-
-
-def warm_start_id(cfg: WarmStartConfig = WarmStartConfig()) -> str:
-    """The cache key of the warm-started model `--model tiny` resolves to (changes with data, model or settings)."""
-    return _untrained(cfg)[3]
-
-
-def warm_started_tiny(cfg: WarmStartConfig = WarmStartConfig(), cache_dir: str | Path | None = None):
-    """The warm-started tiny model and its tokenizer, from the cache or built (and cached) now."""
-    import torch
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-
-    model, tokenizer, examples, key = _untrained(cfg)
+    key = warm_start_key(cfg, examples, model.config.to_dict(), tokenizer.get_vocab())
     root = Path(cache_dir) if cache_dir is not None else _cache_root()
     folder = root / "tiny_warm_start" / key
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -227,6 +217,15 @@ def warm_started_tiny(cfg: WarmStartConfig = WarmStartConfig(), cache_dir: str |
                 os.rename(staging, folder)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def warm_started_tiny(cfg: WarmStartConfig = WarmStartConfig(), cache_dir: str | Path | None = None):
+    """The warm-started tiny model and its tokenizer, from the cache or built (and cached) now."""
+    import torch
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    folder = cached_warm_start(cfg, cache_dir)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
