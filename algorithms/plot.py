@@ -17,12 +17,20 @@ scalar, logged at the same steps, gives the episode count) and iterations for th
 Runs end at different points (a tabular or SB3 run stops when it converges): each run is read as a step
 function of its logged values, and after its last logged point it holds its last value (a converged run
 holds the rate at which it converged), so that every seed counts at every point of the x axis.
+
+Every event file is read first with TensorBoard's own record reader, which checks each record's masked
+CRC-32C of its length and of its data: a damaged file (a flipped byte, a file cut inside a record) is
+refused with one line naming the file and the byte at which its first bad record starts, since
+`EventAccumulator` would silently stop there and the run would end early in the across-seed curve.
+With `--allow-truncated` the records before the damage are used, and a warning line says so.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -99,23 +107,105 @@ def method_label(run_dir: Path, record: dict[str, Any], group_by: str = "algo") 
     return f"{record['algo']}+{credit}" if sb3_rule or llm_rule else str(record["algo"])
 
 
-def read_scalars(run_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """tag -> (steps, values) over every event file of the run (all points: no reservoir sampling)."""
+ALLOW_TRUNCATED = "--allow-truncated"
+RECORD_FRAMING_BYTES = 16  # TFRecord: 8-byte length, its 4-byte masked CRC, the data, the data's 4-byte masked CRC
+
+
+@dataclass(frozen=True)
+class EventFileDamage:
+    """The first record of an event file that TensorBoard's reader refuses: where it starts, and what is before it."""
+
+    path: Path
+    offset: int  # the byte at which the bad record starts (= the bytes of good records before it)
+    records_before: int
+    reason: str  # TensorBoard's reader's words, e.g. "failed event crc32 check"
+
+    def describe(self) -> str:
+        kind = "truncated" if "truncated" in self.reason else "corrupt"
+        return f"{self.path}: {kind} record at byte {self.offset} (record {self.records_before + 1}: {self.reason})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"file": str(self.path), "offset": self.offset, "records_kept": self.records_before, "reason": self.reason}
+
+
+def check_event_file(path: Path) -> EventFileDamage | None:
+    """Read every record of a TensorBoard event file with TensorBoard's own record reader (the one
+    `EventAccumulator` uses without TensorFlow), which checks the masked CRC-32C of each record's length
+    and data; the first record it refuses, or None for an intact file. `EventAccumulator` itself takes
+    such a record for the end of the file, which is why this check comes first."""
+    from tensorboard.compat.tensorflow_stub import errors
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import PyRecordReader_New
+
+    reader = PyRecordReader_New(str(path))
+    offset = records = 0
+    try:
+        while True:
+            try:
+                reader.GetNext()
+            except errors.OutOfRangeError:  # the end of the file, at a record boundary
+                return None
+            except errors.DataLossError as exc:
+                reason = str(exc.message).removeprefix(str(path)).strip()
+                return EventFileDamage(path, offset, records, reason)
+            offset += RECORD_FRAMING_BYTES + len(reader.record())
+            records += 1
+    finally:
+        reader.file_handle.close()
+
+
+def _scalars_of_file(path: Path, merged: dict[str, dict[int, float]]) -> None:
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
+    accumulator = EventAccumulator(str(path), size_guidance={SCALARS: 0})
+    accumulator.Reload()
+    for tag in accumulator.Tags()["scalars"]:
+        points = merged.setdefault(tag, {})
+        for event in accumulator.Scalars(tag):
+            points[int(event.step)] = float(event.value)  # a step logged twice (a restart) keeps the later value
+
+
+def read_scalars(
+    run_dir: Path, allow_truncated: bool = False, damaged: list[EventFileDamage] | None = None
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """tag -> (steps, values) over every event file of the run (all points: no reservoir sampling).
+
+    A damaged event file (check_event_file) is refused (VcbmGymError, one line naming it and the byte);
+    with `allow_truncated` its records before the damage are read instead, a warning line goes to stderr
+    and the damage is appended to `damaged`."""
     merged: dict[str, dict[int, float]] = {}
     for path in sorted(run_dir.rglob("events.out.tfevents.*")):
-        accumulator = EventAccumulator(str(path), size_guidance={SCALARS: 0})
-        accumulator.Reload()
-        for tag in accumulator.Tags()["scalars"]:
-            points = merged.setdefault(tag, {})
-            for event in accumulator.Scalars(tag):
-                points[int(event.step)] = float(event.value)  # a step logged twice (a restart) keeps the later value
+        damage = check_event_file(path)
+        if damage is None:
+            _scalars_of_file(path, merged)
+            continue
+        if not allow_truncated:
+            raise VcbmGymError(
+                f"{damage.describe()}: refusing a damaged event file (read up to it, the run would silently end "
+                f"there); pass {ALLOW_TRUNCATED} to use the {damage.records_before} records before it"
+            )
+        print(
+            f"warning: {damage.describe()}: using the {damage.records_before} records ({damage.offset} bytes) "
+            f"before it ({ALLOW_TRUNCATED}); the run's curve ends there",
+            file=sys.stderr,
+        )
+        if damaged is not None:
+            damaged.append(damage)
+        with tempfile.TemporaryDirectory(prefix="vcbm-plot-") as tmp:
+            intact = Path(tmp) / path.name  # the name keeps "tfevents": EventAccumulator reads it as one file
+            with open(path, "rb") as src:
+                intact.write_bytes(src.read(damage.offset))
+            _scalars_of_file(intact, merged)
     return {tag: (np.array(sorted(p), dtype=float), np.array([p[k] for k in sorted(p)])) for tag, p in merged.items()}
 
 
-def run_curve(run_dir: Path, record: dict[str, Any], metric: str) -> tuple[np.ndarray, np.ndarray, str, str]:
-    """(x, y, the tag read, the x unit) of one run."""
+def run_curve(
+    run_dir: Path,
+    record: dict[str, Any],
+    metric: str,
+    allow_truncated: bool = False,
+    damaged: list[EventFileDamage] | None = None,
+) -> tuple[np.ndarray, np.ndarray, str, str]:
+    """(x, y, the tag read, the x unit) of one run (`allow_truncated`, `damaged`: as in read_scalars)."""
     arm = arm_of(record)
     if metric in ALIASES:
         if arm is None:
@@ -126,7 +216,7 @@ def run_curve(run_dir: Path, record: dict[str, Any], metric: str) -> tuple[np.nd
         tag = ALIASES[metric][arm]
     else:
         tag = metric
-    scalars = read_scalars(run_dir)
+    scalars = read_scalars(run_dir, allow_truncated, damaged)
     if tag not in scalars or not len(scalars[tag][0]):
         known = ", ".join(sorted(scalars)) or "none"
         raise VcbmGymError(f"--metric {metric!r}: run {str(run_dir)!r} logged no scalar {tag!r}; expected one of: {known}")
@@ -149,16 +239,20 @@ def hold_on_grid(x: np.ndarray, y: np.ndarray, grid: np.ndarray) -> np.ndarray:
     return y[np.clip(index, 0, len(y) - 1)]
 
 
-def learning_curves(groups: dict[str, list[Path]], metric: str, points: int = DEFAULT_POINTS) -> dict[str, Any]:
-    """Per method: the grid, the mean across its runs and the 95% bootstrap CI of that mean."""
+def learning_curves(
+    groups: dict[str, list[Path]], metric: str, points: int = DEFAULT_POINTS, allow_truncated: bool = False
+) -> dict[str, Any]:
+    """Per method: the grid, the mean across its runs and the 95% bootstrap CI of that mean; `damaged_event_files`
+    lists the event files read only up to their damage (with `allow_truncated`; without it a damaged file is refused)."""
     from algorithms.stats import bootstrap_description, mean_ci_curves
 
     curves: dict[str, list[tuple[Path, np.ndarray, np.ndarray]]] = {}
     tags: dict[str, set[str]] = {}
     units: dict[str, set[str]] = {}
+    damaged: list[EventFileDamage] = []
     for label, run_dirs in groups.items():
         for run_dir in run_dirs:
-            x, y, tag, unit = run_curve(Path(run_dir), _record(Path(run_dir)), metric)
+            x, y, tag, unit = run_curve(Path(run_dir), _record(Path(run_dir)), metric, allow_truncated, damaged)
             curves.setdefault(label, []).append((Path(run_dir), x, y))
             tags.setdefault(label, set()).add(tag)
             units.setdefault(unit, set()).add(label)
@@ -173,6 +267,7 @@ def learning_curves(groups: dict[str, list[Path]], metric: str, points: int = DE
         "x_label": next(iter(units)),
         "after_end": "a run holds its last logged value after it ended (converged runs stop early)",
         "bootstrap": {**bootstrap_description(), "n_resamples": 2_000, "statistic": "mean across runs at each point"},
+        "damaged_event_files": [damage.as_dict() for damage in damaged],
         "methods": {},
     }
     for label, runs in curves.items():
@@ -237,10 +332,12 @@ def plot_learning_curves(
     title: str | None = None,
     points: int = DEFAULT_POINTS,
     settings: dict[str, Any] | None = None,
+    allow_truncated: bool = False,
 ) -> dict[str, Any]:
-    """Compute, draw and write PNG + SVG + JSON (the curves and `settings`) for runs already grouped by method."""
+    """Compute, draw and write PNG + SVG + JSON (the curves and `settings`) for runs already grouped by method
+    (`allow_truncated`: read a damaged event file up to its damage instead of refusing it)."""
     png = Path(png)
-    data = learning_curves(groups, metric, points)
+    data = learning_curves(groups, metric, points, allow_truncated)
     draw(data, png, title)
     cli.atomic_write_json(png.with_suffix(".json"), {"settings": settings or {}, **data})
     return data
@@ -254,6 +351,12 @@ def build_parser() -> cli.ArgumentParser:
     parser.add_argument("--group-by", default="algo", help=f"one of: {', '.join(GROUP_BY)} (method label of a run)")
     parser.add_argument("--points", type=int, default=DEFAULT_POINTS, help="points on the x axis")
     parser.add_argument("--title", default=None)
+    parser.add_argument(
+        ALLOW_TRUNCATED,
+        action="store_true",
+        help="read a damaged event file (a record failing its CRC, or cut short) up to the damage, with a warning, "
+        "instead of refusing it",
+    )
     return parser
 
 
@@ -275,8 +378,9 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
         "metric": args.metric,
         "group_by": args.group_by,
         "points": args.points,
+        "allow_truncated": args.allow_truncated,
     }
-    data = plot_learning_curves(groups, args.metric, out, args.title, args.points, settings)
+    data = plot_learning_curves(groups, args.metric, out, args.title, args.points, settings, args.allow_truncated)
     for label, m in data["methods"].items():
         print(
             f"{label}: {len(m['runs'])} run(s), {', '.join(m['tags'])}; final mean {m['mean'][-1]:.4g} "

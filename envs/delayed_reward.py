@@ -7,11 +7,16 @@ return maximises the original one: only the timing of the signal changes, which 
 credit rules are for. Use it outside any TimeLimit (registered envs do, through
 `additional_wrappers`), so that a truncation still pays what was earned.
 
+A NaN or infinite reward from the wrapped env is refused at the step that returns it (one-line
+`ContractError` naming the step and episode): held back and summed, it would surface only at the
+episode's end, as a NaN return with no trace of where it came from.
+
 `vcbm_gym` registers it over classic-control tasks as `Delayed<Name>` (e.g. `DelayedCartPole-v1`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -25,6 +30,8 @@ class DelayedReward(gym.Wrapper, gym.utils.RecordConstructorArgs):
         gym.utils.RecordConstructorArgs.__init__(self)
         gym.Wrapper.__init__(self, env)
         self._pending = 0.0
+        self._episode = 0  # resets so far: the episode and step that a non-finite reward came from
+        self._step = 0
 
     @classmethod
     def wrapper_spec(cls) -> WrapperSpec:
@@ -33,11 +40,21 @@ class DelayedReward(gym.Wrapper, gym.utils.RecordConstructorArgs):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         self._pending = 0.0
+        self._episode += 1
+        self._step = 0
         return self.env.reset(seed=seed, options=options)
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
-        self._pending += float(reward)
+        self._step += 1
+        value = float(reward)
+        if not math.isfinite(value):
+            # imported here: vcbm_gym imports this module while it initialises
+            from vcbm_gym.contract import ContractError, env_name, non_finite_reward_message
+
+            where = f"step {self._step} of episode {max(self._episode, 1)}"
+            raise ContractError(non_finite_reward_message(env_name(self.env), reward, f"{where} (seen by DelayedReward)"))
+        self._pending += value
         if terminated or truncated:
             paid: SupportsFloat = self._pending
             self._pending = 0.0

@@ -16,14 +16,23 @@ An env may also offer `credit_featurizer()` on its unwrapped instance: the per-s
 sequence credit model (RUDDER) reads, as a `vcbm_gym.credit.features.Featurizer`. Without it the
 features are the flattened observation and action (`episode_featurizer`).
 
+Beyond `info`, two rules Gymnasium's API leaves implicit: every reward is a finite number (one NaN
+makes every return and mean after it NaN), and an observation once returned is never changed by a
+later `step` or `reset` (an agent keeps it as the previous state of a transition), so an env that
+keeps its state in an array returns a copy of it.
+
 `check_contract(env, needs=...)` is the user-facing checker, in the spirit of Gymnasium's
-`check_env` (which it runs first): it plays a few episodes and raises `ContractError`, one line,
-at the first key that is missing or has the wrong type. ARCHITECTURE.md ("The env contract")
-has the same table in prose.
+`check_env` (which it runs first, after probing a few steps for a non-finite reward or a mutated
+observation, which `check_env` would report as non-determinism): it plays a few episodes and
+raises `ContractError`, one line, at the first key that is missing or has the wrong type, the
+first non-finite reward, or the first observation changed in place. ARCHITECTURE.md ("The env
+contract") has the same table in prose.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -174,6 +183,85 @@ def check_value(key: str, value: Any, where: str) -> None:
         )
 
 
+def non_finite_reward_message(env_name: str, reward: Any, where: str) -> str:
+    """One line: the env paid a NaN or infinite reward at `where` (e.g. "step 3 of episode 1")."""
+    return (
+        f"env {env_name} returned reward {reward!r} at {where}: expected a finite number "
+        f"(a NaN or infinite reward makes every return and mean after it NaN; see {CONTRACT})"
+    )
+
+
+def check_reward(reward: Any, env_name: str, where: str) -> float:
+    """The reward as a float; ContractError (one line naming `where`) unless it is a finite number."""
+    try:
+        value = float(reward)
+    except (TypeError, ValueError):
+        raise ContractError(
+            f"env {env_name} returned reward {reward!r} ({type(reward).__name__}) at {where}: expected a finite number"
+        ) from None
+    if not math.isfinite(value):
+        raise ContractError(non_finite_reward_message(env_name, reward, where))
+    return value
+
+
+def _unchanged(kept: Any, now: Any) -> bool:
+    """Whether `now` (an observation object as it is now) still equals `kept` (a deep copy taken when it was
+    returned): same types, shapes and values, NaN equal to NaN."""
+    if isinstance(kept, np.ndarray):
+        if not isinstance(now, np.ndarray) or kept.shape != now.shape or kept.dtype != now.dtype:
+            return False
+        if kept.dtype == object:
+            return all(_unchanged(a, b) for a, b in zip(kept.flat, now.flat))
+        return bool(np.array_equal(kept, now, equal_nan=kept.dtype.kind in "fc"))
+    if isinstance(kept, Mapping):
+        return isinstance(now, Mapping) and kept.keys() == now.keys() and all(_unchanged(kept[k], now[k]) for k in kept)
+    if isinstance(kept, (list, tuple)):
+        return type(kept) is type(now) and len(kept) == len(now) and all(_unchanged(a, b) for a, b in zip(kept, now))
+    if isinstance(kept, float) and isinstance(now, float) and math.isnan(kept) and math.isnan(now):
+        return True
+    return bool(kept == now)
+
+
+class ReturnedObservations:
+    """Keeps a copy of the last observation an env returned and, after each later `reset` or `step`, checks
+    that the object it returned still holds it: an env that writes its next state into the array it
+    returned (`return self.state` then `self.state += ...`) silently rewrites the agent's last transition."""
+
+    def __init__(self, env_name: str) -> None:
+        self.env_name = env_name
+        self._returned: Any = None
+        self._kept: Any = None
+        self._source = ""
+
+    def returned(self, obs: Any, source: str, call: str) -> None:
+        """`obs` was just returned by `call` (e.g. "step 4 of episode 1"); `source` names it for a later message."""
+        if self._source and not _unchanged(self._kept, self._returned):
+            raise ContractError(
+                f"env {self.env_name} mutates the observation array it returned: the observation of {self._source} "
+                f"changed in place at {call}; an agent keeps the observations it is given (the previous state of a "
+                f"transition), so return a copy (e.g. `return self.state.copy(), ...`) ({CONTRACT})"
+            )
+        self._returned, self._kept, self._source = obs, copy.deepcopy(obs), source
+
+
+def probe_steps(env: gym.Env, name: str, seed: int, steps: int = 3) -> None:
+    """reset(seed) and up to `steps` random steps of `env`: ContractError (one line) at a non-finite reward or an
+    observation changed in place. Run before Gymnasium's `check_env`, whose determinism assertions would
+    report either as non-determinism (NaN != NaN; two steps compared through one reused array)."""
+    env.action_space.seed(seed)
+    observations = ReturnedObservations(name)
+    obs, _ = env.reset(seed=seed)
+    observations.returned(obs, f"reset(seed={seed})", f"reset(seed={seed})")
+    for t in range(1, steps + 1):
+        where = f"step {t} after reset(seed={seed})"
+        obs, reward, terminated, truncated, _ = env.step(env.action_space.sample())
+        observations.returned(obs, where, where)
+        check_reward(reward, name, where)
+        if terminated or truncated:
+            break
+    observations.returned(env.reset(seed=seed)[0], "", f"the reset(seed={seed}) after {where}")
+
+
 def env_name(env: gym.Env) -> str:
     spec = getattr(env, "spec", None)
     return repr(spec.id) if spec is not None else type(env.unwrapped).__name__
@@ -213,16 +301,19 @@ def check_contract(
     reset_options: Mapping[str, Any] | None = None,
     check_api: bool = True,
 ) -> ContractReport:
-    """Check `env` against the contract; raise ContractError (one line) where it breaks it.
+    """Check `env` against the contract; raise ContractError (one line) where it breaks it: a missing or
+    mistyped info key, a NaN or infinite reward, an observation changed in place after it was returned.
 
     `needs`: consumers (keys of NEEDS, e.g. "vcbm-loop") or info key names that must be reported.
     Plays `episodes` episodes from `reset(seed=seed)` with `policy(observation)` (default: the
     action space's own seeded `sample()`), at most `max_steps` steps each. Checks that every needed
     key is present on every step (or last step) the contract says, that every contract key the env
     reports has the contract's type, and that an evaluation key reported at one episode's end is
-    reported at every episode's end (the runners decide on the first episode). With `check_api`
-    Gymnasium's own `check_env` runs first, on `env.unwrapped`; the contract is checked on `env` as
-    given, wrappers included (a DelayedReward or TimeLimit changes what the runners see).
+    reported at every episode's end (the runners decide on the first episode), that every reward is
+    finite and that no observation changes after it was returned. With `check_api` Gymnasium's own
+    `check_env` runs first, on `env.unwrapped` (after `probe_steps` on it, so that a NaN reward or a
+    mutated observation is named as such); the contract is checked on `env` as given, wrappers
+    included (a DelayedReward or TimeLimit changes what the runners see).
     """
     if episodes < 1 or max_steps < 1:
         raise ValueError(f"episodes={episodes}, max_steps={max_steps}: expected both >= 1")
@@ -231,13 +322,16 @@ def check_contract(
     if check_api:
         from gymnasium.utils.env_checker import check_env
 
+        probe_steps(env.unwrapped, env_name(env.unwrapped), seed)
         check_env(env.unwrapped, skip_render_check=True)  # Gymnasium's advice: check the unwrapped env
     env.action_space.seed(seed)
     act = policy or (lambda _obs: env.action_space.sample())
     at_end: set[str] | None = None
     steps = 0
+    observations = ReturnedObservations(name)
     for episode in range(1, episodes + 1):
         obs, _ = env.reset(seed=seed if episode == 1 else None, options=dict(reset_options) if reset_options else None)
+        observations.returned(obs, f"the reset of episode {episode}", f"the reset of episode {episode}")
         done, t, info = False, 0, {}
         while not done:
             if t >= max_steps:
@@ -245,10 +339,12 @@ def check_contract(
                     f"env {name}: episode {episode} did not end within max_steps={max_steps}: "
                     "expected episodes that terminate or truncate"
                 )
-            obs, _, terminated, truncated, info = env.step(act(obs))
+            obs, reward, terminated, truncated, info = env.step(act(obs))
             t += 1
             done = bool(terminated or truncated)
             where = f"step {t} of episode {episode}"
+            observations.returned(obs, where, where)
+            check_reward(reward, name, where)
             for key, spec in INFO_KEYS.items():
                 if key in info:
                     check_value(key, info[key], where)

@@ -4,10 +4,13 @@ arXiv:2610.24032, Sec. V-A2), and what a run reports per finished episode.
 The criterion needs the env contract's evaluation-only `first_decision_optimal`
 (vcbm_gym/contract.py). An env without it still trains: the run goes on for its episode budget
 and reports its mean return, and its success rate where the env reports SB3's `is_success`.
+A NaN or infinite episode return (a non-finite reward) stops the run with one line naming the
+episode, rather than a NaN mean return in its summary.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -130,8 +133,16 @@ class EpisodeOutcomes:
         return self.reports.get("first_decision_optimal", False)
 
     def update(self, info: Mapping[str, Any], episode_return: float) -> bool:
-        """Record a finished episode from its last `info`; True on the episode at which the run converges."""
+        """Record a finished episode from its last `info`; True on the episode at which the run converges.
+        ContractError (one line naming the episode) if its return is NaN or infinite: the summary and
+        every moving average after it would be NaN."""
         self.episodes += 1
+        if not math.isfinite(episode_return):
+            raise ContractError(
+                f"env {self.env_name} returned a NaN or infinite reward in episode {self.episodes} (its return is "
+                f"{float(episode_return)!r}): expected finite rewards, or the run's mean return is NaN "
+                f"(vcbm_gym.contract.check_contract names the step; see {CONTRACT})"
+            )
         self.returns.append(float(episode_return))
         if self._reported(info, "is_success"):
             self.successes.append(bool(info["is_success"]))
