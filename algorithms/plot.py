@@ -145,7 +145,7 @@ def check_event_file(path: Path) -> EventFileDamage | None:
             except errors.OutOfRangeError:  # the end of the file, at a record boundary
                 return None
             except errors.DataLossError as exc:
-                reason = str(exc.message).removeprefix(str(path)).strip()
+                reason = str(exc.message).removeprefix(str(path)).strip().removeprefix("has ")
                 return EventFileDamage(path, offset, records, reason)
             offset += RECORD_FRAMING_BYTES + len(reader.record())
             records += 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import numpy as np
 import pytest
@@ -106,3 +107,75 @@ def test_llm_runs_with_another_credit_rule_than_their_zoo_entry_are_their_own_me
 
     assert label("loop", "loo") == "loop" and label("vcbm-loop", "vcbm_blend") == "vcbm-loop"
     assert label("loop", "gigpo") == "loop+gigpo" and label("ppo", "loo") == "ppo+loo"
+
+
+def _record_offsets(path) -> list[tuple[int, int]]:
+    """(offset, data length) of every record, from the TFRecord framing: 8-byte length, its 4-byte CRC, data, 4-byte CRC."""
+    raw, out, offset = path.read_bytes(), [], 0
+    while offset < len(raw):
+        (length,) = struct.unpack_from("<Q", raw, offset)
+        out.append((offset, length))
+        offset += 16 + length
+    assert offset == len(raw)
+    return out
+
+
+def _two_seeds(tmp_path):
+    """Two tabular seeds logging correct_moving_average at episodes 1..6; the event file of seed 1."""
+    tag = "train/correct_moving_average"
+    _run_dir(tmp_path / "cmp" / "seed0", "vcbm", {step: {tag: 0.1 * step} for step in range(1, 7)})
+    _run_dir(tmp_path / "cmp" / "seed1", "vcbm", {step: {tag: 0.1 * step + 0.05} for step in range(1, 7)})
+    (event_file,) = (tmp_path / "cmp" / "seed1").glob("events.out.tfevents.*")
+    return event_file
+
+
+# (what is damaged in record 5, the 4th scalar event (record 1 is the file version): byte flipped or None for a
+# file cut inside it, TensorBoard's reason)
+DAMAGE = {
+    "a data byte": (lambda length: 12 + 3, "corrupt", "failed event crc32 check"),
+    "the length": (lambda length: 0, "corrupt", "failed header crc32 check"),
+    "the data's CRC": (lambda length: 12 + length + 1, "corrupt", "failed event crc32 check"),
+    "the file cut inside the data": (None, "truncated", "truncated record in data"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_event_file_is_refused_naming_the_file_and_byte(tmp_path, capsys, damage):
+    from algorithms.plot import main
+
+    event_file = _two_seeds(tmp_path)
+    offset, length = _record_offsets(event_file)[4]  # the record of episode 4
+    at, kind, reason = DAMAGE[damage]
+    raw = bytearray(event_file.read_bytes())
+    if at is None:
+        del raw[offset + 12 + length // 2 :]
+    else:
+        raw[offset + at(length)] ^= 0x10
+    event_file.write_bytes(bytes(raw))
+    out = tmp_path / "figs" / "curves.png"
+
+    assert main([str(tmp_path / "cmp"), "--out", str(out), "--points", "6"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"error: {event_file}: {kind} record at byte {offset} (record 5: ") and reason in err[0]
+    assert "--allow-truncated" in err[0] and not out.exists()
+
+    data = plot([str(tmp_path / "cmp"), "--out", str(out), "--points", "6", "--allow-truncated"])
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and warning[0].startswith(f"warning: {event_file}: {kind} record at byte {offset} ")
+    assert "using the 4 records" in warning[0]
+    vcbm = data["methods"]["vcbm"]
+    assert vcbm["ended_at"] == [6.0, 3.0]  # seed 1 ends before its damaged 4th episode and holds 0.35 after it
+    np.testing.assert_allclose(vcbm["mean"], [(0.1 * s + min(0.1 * s + 0.05, 0.35)) / 2 for s in range(1, 7)])
+    saved = json.loads(out.with_suffix(".json").read_text())
+    assert saved["damaged_event_files"] == [{"file": str(event_file), "offset": offset, "records_kept": 4, "reason": reason}]
+    assert saved["settings"]["allow_truncated"] is True
+
+
+def test_intact_event_files_report_no_damage(tmp_path):
+    from algorithms.plot import check_event_file
+
+    event_file = _two_seeds(tmp_path)
+    assert check_event_file(event_file) is None
+    data = plot([str(tmp_path / "cmp"), "--out", str(tmp_path / "a.png"), "--points", "6"])
+    assert data["damaged_event_files"] == [] and data["methods"]["vcbm"]["ended_at"] == [6.0, 6.0]

@@ -140,8 +140,7 @@ class EpisodeOutcomes:
         if not math.isfinite(episode_return):
             raise ContractError(
                 f"env {self.env_name} returned a NaN or infinite reward in episode {self.episodes} (its return is "
-                f"{float(episode_return)!r}): expected finite rewards, or the run's mean return is NaN "
-                f"(vcbm_gym.contract.check_contract names the step; see {CONTRACT})"
+                f"{float(episode_return)!r}): expected finite rewards, or the run's mean return would be NaN ({CONTRACT})"
             )
         self.returns.append(float(episode_return))
         if self._reported(info, "is_success"):
