@@ -206,7 +206,9 @@ def check_reward(reward: Any, env_name: str, where: str) -> float:
 
 def _unchanged(kept: Any, now: Any) -> bool:
     """Whether `now` (an observation object as it is now) still equals `kept` (a deep copy taken when it was
-    returned): same types, shapes and values, NaN equal to NaN."""
+    returned): same types, shapes and values, NaN equal to NaN. Arrays, mappings, lists and tuples are compared
+    (in depth); anything else is taken as unchanged: a number or string cannot change in place, and an object
+    of another kind may compare by identity, which its copy never matches."""
     if isinstance(kept, np.ndarray):
         if not isinstance(now, np.ndarray) or kept.shape != now.shape or kept.dtype != now.dtype:
             return False
@@ -217,9 +219,7 @@ def _unchanged(kept: Any, now: Any) -> bool:
         return isinstance(now, Mapping) and kept.keys() == now.keys() and all(_unchanged(kept[k], now[k]) for k in kept)
     if isinstance(kept, (list, tuple)):
         return type(kept) is type(now) and len(kept) == len(now) and all(_unchanged(a, b) for a, b in zip(kept, now))
-    if isinstance(kept, float) and isinstance(now, float) and math.isnan(kept) and math.isnan(now):
-        return True
-    return bool(kept == now)
+    return True
 
 
 class ReturnedObservations:
