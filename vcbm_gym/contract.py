@@ -233,15 +233,15 @@ class ReturnedObservations:
         self._kept: Any = None
         self._source = ""
 
-    def returned(self, obs: Any, source: str, call: str) -> None:
-        """`obs` was just returned by `call` (e.g. "step 4 of episode 1"); `source` names it for a later message."""
+    def returned(self, obs: Any, call: str) -> None:
+        """`obs` was just returned by `call` (e.g. "step 4 of episode 1"): first check the one returned before it."""
         if self._source and not _unchanged(self._kept, self._returned):
             raise ContractError(
                 f"env {self.env_name} mutates the observation array it returned: the observation of {self._source} "
                 f"changed in place at {call}; an agent keeps the observations it is given (the previous state of a "
                 f"transition), so return a copy (e.g. `return self.state.copy(), ...`) ({CONTRACT})"
             )
-        self._returned, self._kept, self._source = obs, copy.deepcopy(obs), source
+        self._returned, self._kept, self._source = obs, copy.deepcopy(obs), call
 
 
 def probe_steps(env: gym.Env, name: str, seed: int, steps: int = 3) -> None:
@@ -251,15 +251,15 @@ def probe_steps(env: gym.Env, name: str, seed: int, steps: int = 3) -> None:
     env.action_space.seed(seed)
     observations = ReturnedObservations(name)
     obs, _ = env.reset(seed=seed)
-    observations.returned(obs, f"reset(seed={seed})", f"reset(seed={seed})")
+    observations.returned(obs, f"reset(seed={seed})")
     for t in range(1, steps + 1):
         where = f"step {t} after reset(seed={seed})"
         obs, reward, terminated, truncated, _ = env.step(env.action_space.sample())
-        observations.returned(obs, where, where)
+        observations.returned(obs, where)
         check_reward(reward, name, where)
         if terminated or truncated:
             break
-    observations.returned(env.reset(seed=seed)[0], "", f"the reset(seed={seed}) after {where}")
+    observations.returned(env.reset(seed=seed)[0], f"the reset(seed={seed}) after {where}")
 
 
 def env_name(env: gym.Env) -> str:
@@ -331,7 +331,7 @@ def check_contract(
     observations = ReturnedObservations(name)
     for episode in range(1, episodes + 1):
         obs, _ = env.reset(seed=seed if episode == 1 else None, options=dict(reset_options) if reset_options else None)
-        observations.returned(obs, f"the reset of episode {episode}", f"the reset of episode {episode}")
+        observations.returned(obs, f"the reset of episode {episode}")
         done, t, info = False, 0, {}
         while not done:
             if t >= max_steps:
@@ -343,7 +343,7 @@ def check_contract(
             t += 1
             done = bool(terminated or truncated)
             where = f"step {t} of episode {episode}"
-            observations.returned(obs, where, where)
+            observations.returned(obs, where)
             check_reward(reward, name, where)
             for key, spec in INFO_KEYS.items():
                 if key in info:
