@@ -15,7 +15,8 @@ every experiment by a `bsuite_id`, "<experiment>/<setting index in the experimen
   one (umbrella: take the umbrella iff it will rain; discounting_chain: the chain with the 10%
   bonus, the largest undiscounted return), `is_success` where the last reward says win or lose
   (umbrella, memory);
-- with `log_dir`, bsuite's own CSV logging (`bsuite.utils.wrappers.Logging`, `csv_logging.Logger`)
+- with `log_dir` (or `env.log_to(dir)` before the first reset: how a runner hands the env it plays its
+  run's directory), bsuite's own CSV logging (`bsuite.utils.wrappers.Logging`, `csv_logging.Logger`)
   into that directory: one file per bsuite_id, so every run (every seed) needs its own directory.
   The file is claimed when the first row is written, so a second env logging the same bsuite_id
   into the same directory fails at its first logged episode instead of mixing the two runs.
@@ -201,8 +202,9 @@ class BSuiteParams:
 class BSuiteEnv(gym.Env):
     """One bsuite setting (`bsuite_id`, e.g. 'umbrella_length/9') as a Gymnasium env; see the module docstring.
 
-    `log_dir`: write bsuite's CSV log of this run there (one directory per run). `integer_observations`:
-    MultiDiscrete observations (the tabular arm) instead of the flat Box.
+    `log_dir`: write bsuite's CSV log of this run there (one directory per run; or later, before the first
+    reset, with `log_to`). `integer_observations`: MultiDiscrete observations (the tabular arm) instead
+    of the flat Box.
     """
 
     metadata = {"render_modes": []}
@@ -219,8 +221,6 @@ class BSuiteEnv(gym.Env):
             raise ValueError(f"render_mode={render_mode!r}: bsuite envs do not render (expected None)")
         if not isinstance(integer_observations, (bool, np.bool_)):
             raise ValueError(f"integer_observations={integer_observations!r}: expected true or false")
-        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
-            raise ValueError(f"log_dir={log_dir!r}: expected a directory path")
         try:
             import bsuite
             from bsuite import sweep
@@ -228,12 +228,16 @@ class BSuiteEnv(gym.Env):
         except ModuleNotFoundError as exc:
             raise ModuleNotFoundError(f"{INSTALL_HINT} ({exc})") from None
         kwargs = dict(sweep.SETTINGS[bsuite_id])
+        self.bsuite_id = bsuite_id
         # bsuite.load, not load_from_id: the same env, without load_from_id's banner on stdout.
         self._raw = bsuite.load(experiment, kwargs)
-        self.logger = None if log_dir is None else RunCsvLogger(bsuite_id, log_dir)
-        self._dm_env = self._raw if self.logger is None else wrappers.Logging(self._raw, self.logger)
         self._layout = LAYOUTS[experiment]
-        self.bsuite_id = bsuite_id
+        self._logging_wrapper = wrappers.Logging
+        self.logger: RunCsvLogger | None = None
+        self._dm_env = self._raw  # bsuite's Logging wrapper around it once a log dir is given
+        self._started = False
+        if log_dir is not None:
+            self.log_to(log_dir)
         self.episode_steps = int(self._layout.horizon(self._raw))
         self.params = BSuiteParams(bsuite_id, experiment, kwargs, self.episode_steps)
         self.bsuite_num_episodes = int(self._raw.bsuite_num_episodes)  # what bsuite's analysis expects per id
@@ -248,6 +252,17 @@ class BSuiteEnv(gym.Env):
         self._running = False
         self._first_action: int | None = None
         self._optimal_first_action: int | None = None
+
+    def log_to(self, log_dir: str | os.PathLike) -> None:
+        """Write bsuite's CSV log of this env's episodes into `log_dir` (a runner gives the env it plays its
+        run's directory this way; `log_dir=` at construction does the same). Only before the first reset:
+        bsuite's log counts every episode from the first."""
+        if self._started:
+            raise RuntimeError(f"log_to({os.fspath(log_dir)!r}) after the first reset: bsuite's log must see every episode")
+        if not isinstance(log_dir, (str, os.PathLike)):
+            raise ValueError(f"log_dir={log_dir!r}: expected a directory path")
+        self.logger = RunCsvLogger(self.bsuite_id, log_dir)
+        self._dm_env = self._logging_wrapper(self._raw, self.logger)
 
     @property
     def log_path(self) -> str | None:
@@ -264,7 +279,7 @@ class BSuiteEnv(gym.Env):
             # bsuite draws everything from the raw env's legacy RandomState (as shimmy's BSuiteCompatibilityV0 seeds it).
             self._raw._rng = np.random.RandomState(seed)
         timestep = self._dm_env.reset()
-        self._running = True
+        self._started = self._running = True
         self._first_action = None
         optimal = self._layout.optimal_first_action
         self._optimal_first_action = None if optimal is None else optimal(self._raw)
