@@ -1,8 +1,10 @@
 """bsuite as an env family (envs/bsuite.py) and its scores (algorithms/bsuite_score.py)."""
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -18,6 +20,7 @@ import vcbm_gym  # noqa: E402
 from algorithms import bsuite_score  # noqa: E402
 from envs.bsuite import BSUITE_IDS, LAYOUTS, SWEEP_SIZES, BSuiteEnv, csv_log_path, parse_bsuite_id  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
 # (bsuite_id, steps per episode, contract keys reported at the last step)
 CASES = [
     ("umbrella_length/3", 4, {"first_decision_optimal", "is_success"}),
@@ -260,6 +263,7 @@ def test_bsuite_scores_the_discounting_chain_by_its_mean_return(tmp_path):
         bsuite_score.experiment_score([tmp_path / "optimal"], "umbrella_length")
 
 
+@pytest.mark.slow
 def test_score_cli_prints_and_writes_scores_and_refuses_bad_input_in_one_line(run_cli, tmp_path):
     _sweep_logs(tmp_path / "runs" / "seed0" / "bsuite", ["umbrella_length/1"], umbrella_optimal, 20)
     out = run_cli("algorithms.bsuite_score", str(tmp_path / "runs"), "--json", str(tmp_path / "out" / "s.json"))
@@ -272,3 +276,31 @@ def test_score_cli_prints_and_writes_scores_and_refuses_bad_input_in_one_line(ru
         bad = run_cli("algorithms.bsuite_score", *args)
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and bad.stderr.startswith("error:"), bad.stderr
     assert not (tmp_path / "nope").exists()  # checked before anything is written
+
+
+@pytest.mark.slow
+def test_train_cli_runs_two_seeds_at_once_on_the_bsuite_id_form_each_with_its_own_bsuite_log(tmp_path):
+    """Until the runners hand their log dir to the env (BSuiteEnv.log_to), env_kwargs.log_dir names it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "algorithms.train", "--algo", "mc", "--env", "bsuite:umbrella_distract/0", "--seed", str(seed),
+             "--max-episodes", "200", "--no-progress", "--log-dir", f"run{seed}",
+             "--hyperparams", f"env_kwargs={{integer_observations: true, log_dir: run{seed}/bsuite}}"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for seed in (0, 1)
+    ]  # fmt: skip
+    try:
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err
+    finally:
+        for proc in procs:
+            proc.kill()  # no-op for a finished process; a hung one does not outlive the test
+            proc.wait()
+    logs = [_logged(tmp_path / f"run{seed}" / "bsuite", "umbrella_distract/0") for seed in (0, 1)]
+    assert [rows.episode.iloc[-1] for rows in logs] == [200, 200]
+    assert logs[0].total_return.tolist() != logs[1].total_return.tolist()  # two seeds, two streams of episodes
+    table = bsuite_score.score_table(bsuite_score.find_log_dirs([tmp_path]), by_run=True)
+    assert [row["run"] for row in table] == [str(tmp_path / "run0" / "bsuite"), str(tmp_path / "run1" / "bsuite")]
