@@ -304,3 +304,23 @@ def test_train_cli_runs_two_seeds_at_once_on_the_bsuite_id_form_each_with_its_ow
     assert logs[0].total_return.tolist() != logs[1].total_return.tolist()  # two seeds, two streams of episodes
     table = bsuite_score.score_table(bsuite_score.find_log_dirs([tmp_path]), by_run=True)
     assert [row["run"] for row in table] == [str(tmp_path / "run0" / "bsuite"), str(tmp_path / "run1" / "bsuite")]
+
+
+def test_observations_and_rewards_match_shimmys_bsuite_wrapper_step_for_step():
+    """Farama's BSuiteCompatibilityV0 over the same bsuite env, seeded the same way, is the reference."""
+    import bsuite
+    from shimmy.bsuite_compatibility import BSuiteCompatibilityV0
+
+    for bsuite_id in ("umbrella_length/6", "memory_size/4"):
+        ours = BSuiteEnv(bsuite_id)
+        reference = BSuiteCompatibilityV0(bsuite.load(bsuite_id.split("/")[0], dict(sweep.SETTINGS[bsuite_id])))
+        actions = np.random.default_rng(2).integers(2, size=3 * ours.episode_steps)
+        for episode in range(3):
+            seed = 7 if episode == 0 else None
+            ours_obs, ref_obs = ours.reset(seed=seed)[0], reference.reset(seed=seed)[0]
+            np.testing.assert_array_equal(ours_obs, np.asarray(ref_obs).reshape(-1))
+            for action in actions[episode * ours.episode_steps : (episode + 1) * ours.episode_steps]:
+                ours_step, ref_step = ours.step(int(action)), reference.step(int(action))
+                np.testing.assert_array_equal(ours_step[0], np.asarray(ref_step[0]).reshape(-1))
+                assert ours_step[1:4] == (float(ref_step[1]), bool(ref_step[2]), bool(ref_step[3]))
+            assert ours_step[2]  # the episode ended where bsuite ended it
