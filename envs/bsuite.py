@@ -139,7 +139,8 @@ BSUITE_IDS: tuple[str, ...] = tuple(f"{name}{SEPARATOR}{i}" for name, size in SW
 def parse_bsuite_id(bsuite_id: Any) -> tuple[str, int]:
     """'umbrella_length/9' -> ('umbrella_length', 9); ValueError (one line) for an id this adapter does not know."""
     name, sep, index = str(bsuite_id).partition(SEPARATOR)
-    if not isinstance(bsuite_id, str) or not sep or name not in SWEEP_SIZES or not index.isdigit():
+    canonical = index.isascii() and index.isdigit() and index == str(int(index))  # bsuite's ids: no "09", no "+9"
+    if not isinstance(bsuite_id, str) or not sep or name not in SWEEP_SIZES or not canonical:
         raise ValueError(
             f"bsuite_id={bsuite_id!r}: expected '<experiment>/<setting>' with experiment one of {', '.join(SWEEP_SIZES)}"
         )

@@ -95,7 +95,9 @@ def test_the_cli_form_passes_train_check_and_a_fresh_process_needs_only_vcbm_gym
     assert out.stdout.strip() == "100"
 
 
-@pytest.mark.parametrize("bad", ["umbrella_length/23", "catch/0", "umbrella_length", "umbrella_length/x", 9])
+@pytest.mark.parametrize(
+    "bad", ["umbrella_length/23", "umbrella_length/09", "catch/0", "umbrella_length", "umbrella_length/x", 9]
+)
 def test_an_unknown_bsuite_id_is_one_value_error_line(bad):
     with pytest.raises(ValueError, match="bsuite_id=") as caught:
         gym.make("BSuite-v0", bsuite_id=bad)
