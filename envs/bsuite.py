@@ -41,6 +41,11 @@ SEPARATOR = "/"  # bsuite.sweep.SEPARATOR
 INSTALL_HINT = "bsuite is not installed: pip install 'vcbm-gym[bsuite]' (shimmy[bsuite])"
 
 
+class BSuiteNotInstalled(ModuleNotFoundError, ValueError):
+    """bsuite is missing: an import error to Python, and a ValueError so that a CLI that turns an env
+    constructor's ValueError into one line (algorithms.common.config.make_env) reports it so."""
+
+
 @dataclass(frozen=True)
 class _Layout:
     """What bsuite's raw env does not say in its specs: the bounds of each observation component, the
@@ -227,7 +232,7 @@ class BSuiteEnv(gym.Env):
             from bsuite import sweep
             from bsuite.utils import wrappers
         except ModuleNotFoundError as exc:
-            raise ModuleNotFoundError(f"{INSTALL_HINT} ({exc})") from None
+            raise BSuiteNotInstalled(f"{INSTALL_HINT} ({exc})") from None
         kwargs = dict(sweep.SETTINGS[bsuite_id])
         self.bsuite_id = bsuite_id
         # bsuite.load, not load_from_id: the same env, without load_from_id's banner on stdout.

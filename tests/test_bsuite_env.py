@@ -18,7 +18,7 @@ from stable_baselines3.common.env_checker import check_env as sb3_check_env  # n
 
 import vcbm_gym  # noqa: E402
 from algorithms import bsuite_score  # noqa: E402
-from envs.bsuite import BSUITE_IDS, LAYOUTS, SWEEP_SIZES, BSuiteEnv, csv_log_path, parse_bsuite_id  # noqa: E402
+from envs.bsuite import BSUITE_IDS, LAYOUTS, SWEEP_SIZES, BSuiteEnv, BSuiteNotInstalled, csv_log_path, parse_bsuite_id  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # (bsuite_id, steps per episode, contract keys reported at the last step)
@@ -102,6 +102,13 @@ def test_an_unknown_bsuite_id_is_one_value_error_line(bad):
     with pytest.raises(ValueError, match="bsuite_id=") as caught:
         gym.make("BSuite-v0", bsuite_id=bad)
     assert "\n" not in str(caught.value)
+
+
+def test_without_bsuite_the_env_says_which_extra_to_install_as_a_value_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "bsuite", None)  # import bsuite fails as if it were not installed
+    with pytest.raises(BSuiteNotInstalled, match=r"pip install 'vcbm-gym\[bsuite\]'") as caught:
+        gym.make("umbrella_length/1")
+    assert isinstance(caught.value, ModuleNotFoundError) and isinstance(caught.value, ValueError)
 
 
 def test_parse_bsuite_id_returns_the_experiment_and_setting():
