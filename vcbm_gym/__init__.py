@@ -5,17 +5,22 @@ plugins), so `gym.make("WatchRepair-v0")` works after `import vcbm_gym`, and
 `gym.make("vcbm_gym:WatchRepair-v0")` works without a prior import. It also registers delayed-reward
 versions of Gymnasium's classic-control tasks (`DelayedCartPole-v1`, ...): the task itself, with
 every episode's summed reward paid at its last step (`DelayedReward`, envs/delayed_reward.py).
+And bsuite's experiments (the `bsuite` extra; envs/bsuite.py): `gym.make("BSuite-v0",
+bsuite_id="umbrella_length/9")`, and one id per bsuite_id, `gym.make("umbrella_length/9")` or, as
+the CLIs take it, `gym.make("bsuite:umbrella_length/9")` (Gymnasium imports the `bsuite` package,
+then finds the id registered here); registering them imports no bsuite (`BSUITE_ENV_IDS`).
 
 `check_contract(env)` checks an env against the env contract (vcbm_gym/contract.py).
 """
 
 from gymnasium.envs.registration import register, registry
 
+from envs.bsuite import BSUITE_IDS
 from envs.delayed_reward import DelayedReward
 from vcbm_gym.contract import check_contract
 
 __version__ = "0.1.0"
-__all__ = ["DELAYED_ENV_IDS", "ENV_IDS", "DelayedReward", "check_contract"]
+__all__ = ["BSUITE_ENV_IDS", "DELAYED_ENV_IDS", "ENV_IDS", "DelayedReward", "check_contract"]
 
 _ENVS = {
     "WatchRepair-v0": dict(
@@ -51,5 +56,12 @@ for _base_id in _DELAYED:
             additional_wrappers=(DelayedReward.wrapper_spec(),),
         )
 
+# bsuite settings: "BSuite-v0" takes bsuite_id as a kwarg; each bsuite_id ("umbrella_length/9": namespace
+# "umbrella_length", name "9" in Gymnasium's id grammar) is also an id of its own.
+for _env_id, _kwargs in (("BSuite-v0", {}), *((_bsuite_id, {"bsuite_id": _bsuite_id}) for _bsuite_id in BSUITE_IDS)):
+    if _env_id not in registry:
+        register(id=_env_id, entry_point="envs.bsuite:BSuiteEnv", kwargs=_kwargs)
+
 ENV_IDS = tuple(_ENVS)
 DELAYED_ENV_IDS = tuple(f"Delayed{base_id}" for base_id in _DELAYED)
+BSUITE_ENV_IDS = ("BSuite-v0", *BSUITE_IDS)
