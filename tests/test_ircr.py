@@ -120,7 +120,9 @@ def test_train_cli_ppo_ircr_runs_end_to_end(tmp_path):
     from algorithms.train import run as train
 
     argv = ["--algo", "ppo", "--credit", "ircr", "--env", "WatchRepair-v0", "--max-episodes", "128"]
-    summary = train([*argv, "--hyperparams", "credit_kwargs={ircr: {baseline: given}}", "--log-dir", str(tmp_path), "--no-progress"])
+    summary = train(
+        [*argv, "--hyperparams", "credit_kwargs={ircr: {baseline: given}}", "--log-dir", str(tmp_path), "--no-progress"]
+    )
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk["credit"] == "ircr" and on_disk["episodes_run"] == 128 == summary["episodes_run"]
     # 32 envs x 100 steps: each rollout holds 64 whole episodes; the run stops inside the second

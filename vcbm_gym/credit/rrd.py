@@ -33,7 +33,10 @@ Choices where the paper is silent or tuned for MuJoCo:
   from the previous step and the one-hot action, vcbm_gym/credit/features.py), else the flattened
   observation and action; the paper's MuJoCo model reads (s, a, s - s').
 - Model: an MLP with ReLU hidden layers (`hidden_sizes`, default (64,); () is a linear model), in
-  float64; its Adam step is `rudder.adam_step` (torch.optim.Adam's update, numpy state).
+  float64, initialised as torch's nn.Linear (seeded); the loss, its gradient and backpropagation are
+  written in numpy (`rrd_loss`, `mlp_forward`, `mlp_backward`, tested against torch autograd) and
+  the Adam step is `rudder.adam_step` (torch.optim.Adam's update, numpy state): autograd's per-op
+  overhead made a step of this small model cost ~50 ms on two busy cores.
 - Schedule: on each `observe`, the episodes enter a FIFO lesson buffer (`rudder.LessonBuffer`);
   once it holds `min_buffer_episodes`, `train_steps` Adam steps each on `episodes_per_step`
   buffer episodes, one random subset of K steps per episode.
@@ -44,7 +47,7 @@ rule gives its redistributed reward); the raw rewards until the first training s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -64,8 +67,8 @@ class RRDConfig:
     hidden_sizes: tuple[int, ...] = (64,)
     subsequence_size: int = 16  # K = |I|, steps per sampled subset
     episodes_per_step: int = 32  # episodes (one subset each) per Adam step
-    train_steps: int = 16  # Adam steps per observe() once the buffer is ready
-    learning_rate: float = 1e-3
+    train_steps: int = 32  # Adam steps per observe() once the buffer is ready
+    learning_rate: float = 3e-3
     buffer_capacity: int = 2048
     min_buffer_episodes: int = 32
     bias_correction: bool = False
@@ -106,30 +109,65 @@ class RewardModel(nn.Module):
 
 
 def rrd_loss(
-    step_rewards: torch.Tensor,
-    sample_mask: torch.Tensor,
-    lengths: torch.Tensor,
-    returns: torch.Tensor,
-    bias_correction: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """L_Rand-RD on one sampled subset per episode, and its bias correction: (loss, surrogate, correction).
+    step_rewards: np.ndarray, sample_mask: np.ndarray, lengths: np.ndarray, returns: np.ndarray, bias_correction: bool = False
+) -> tuple[float, float, float, np.ndarray]:
+    """L_Rand-RD on one sampled subset per episode, its bias correction, and the gradient:
+    (loss, surrogate, correction, d loss / d step_rewards).
 
     step_rewards (B, K): r_theta on the sampled steps; sample_mask (B, K): the n_i = min(K, T_i) real
     samples of episode i; lengths (B,): T_i; returns (B,): G_i. Per episode
     surrogate_i = (G_i - T_i/n_i sum_{t in I_i} r_t)^2 and correction_i = T_i^2 (1 - n_i/T_i) s_i^2 / n_i
     (s_i^2 the sample variance of the sampled r_t, 0 when n_i < 2); loss = mean_i surrogate_i, minus
-    mean_i correction_i with `bias_correction`. Means over the batch.
+    mean_i correction_i with `bias_correction`. Written out with its gradient (tested against torch
+    autograd): a training step is a few small matrix products, which numpy runs without autograd's overhead.
     """
-    m = sample_mask.to(step_rewards.dtype)
-    n = m.sum(dim=1)
-    t = lengths.to(step_rewards.dtype)
-    total = (step_rewards * m).sum(dim=1)
-    surrogate = (returns.to(step_rewards.dtype) - t / n * total) ** 2
-    mean = total / n
-    sample_var = ((step_rewards - mean[:, None]) ** 2 * m).sum(dim=1) / (n - 1).clamp(min=1.0)
-    correction = torch.where(n > 1, t**2 * (1.0 - n / t) * sample_var / n, torch.zeros_like(n))
-    loss = surrogate.mean() - (correction.mean() if bias_correction else 0.0)
-    return loss, surrogate.mean(), correction.mean()
+    r = np.asarray(step_rewards, dtype=np.float64)
+    m = np.asarray(sample_mask, dtype=np.float64)
+    t = np.asarray(lengths, dtype=np.float64)
+    g = np.asarray(returns, dtype=np.float64)
+    batch = len(r)
+    n = m.sum(axis=1)
+    residual = g - t / n * (r * m).sum(axis=1)
+    surrogate = residual**2
+    mean = (r * m).sum(axis=1) / n
+    centred = (r - mean[:, None]) * m
+    has_var = n > 1
+    dof = np.where(has_var, n - 1.0, 1.0)
+    sample_var = (centred**2).sum(axis=1) / dof
+    coef = np.where(has_var, t**2 * (1.0 - n / t) / n, 0.0)  # correction_i = coef_i * s_i^2
+    correction = coef * sample_var
+    grad = (-2.0 * residual * t / n)[:, None] * m / batch
+    loss = float(surrogate.mean())
+    if bias_correction:
+        loss -= float(correction.mean())
+        grad -= (2.0 * coef / dof)[:, None] * centred / batch  # d s^2 / d r_k = 2 (r_k - mean) / (n - 1)
+    return loss, float(surrogate.mean()), float(correction.mean()), grad
+
+
+def mlp_forward(params: list[np.ndarray], features: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """r_theta of (..., F) features with `RewardModel`'s parameters [W_1, b_1, ..., W_L, b_L]: (rewards (...), activations)."""
+    activations = [features]
+    h = features
+    for layer in range(0, len(params), 2):
+        h = h @ params[layer].T + params[layer + 1]
+        if layer + 2 < len(params):
+            h = np.maximum(h, 0.0)
+        activations.append(h)
+    return h[..., 0], activations
+
+
+def mlp_backward(params: list[np.ndarray], activations: list[np.ndarray], d_rewards: np.ndarray) -> list[np.ndarray]:
+    """Gradients of the parameters (in `params` order) given d loss / d rewards, by backpropagation through `mlp_forward`."""
+    grads: list[np.ndarray] = [np.empty(0)] * len(params)
+    d_h = d_rewards[..., None]
+    for layer in range(len(params) - 2, -1, -2):
+        if layer + 2 < len(params):
+            d_h = d_h * (activations[layer // 2 + 1] > 0.0)  # through the ReLU
+        inputs = activations[layer // 2]
+        grads[layer] = d_h.reshape(-1, d_h.shape[-1]).T @ inputs.reshape(-1, inputs.shape[-1])
+        grads[layer + 1] = d_h.reshape(-1, d_h.shape[-1]).sum(axis=0)
+        d_h = d_h @ params[layer]
+    return grads
 
 
 def sample_subsets(rng: np.random.Generator, lengths: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -151,7 +189,6 @@ class TrainingStats:
     loss: float = float("nan")  # the last step's loss (the corrected one with bias_correction)
     surrogate: float = float("nan")
     correction: float = float("nan")
-    history: list[float] = field(default_factory=list, repr=False)
 
 
 class RRDRule(CreditRule):
@@ -222,17 +259,14 @@ class RRDRule(CreditRule):
         cfg = self.config
         features, lengths, returns = self.buffer.sample(cfg.episodes_per_step)
         indices, mask = sample_subsets(self.rng, lengths, cfg.subsequence_size)
-        picked = torch.from_numpy(np.take_along_axis(features, indices[:, :, None], axis=1).astype(np.float64))
-        self.model.zero_grad(set_to_none=True)
-        loss, surrogate, correction = rrd_loss(
-            self.model(picked), torch.from_numpy(mask), torch.from_numpy(lengths), torch.from_numpy(returns), cfg.bias_correction
-        )
-        loss.backward()
-        adam_step(self.params, [p.grad.numpy() for p in self.model.parameters()], self.adam, cfg.learning_rate, 0.0)
+        picked = np.take_along_axis(features, indices[:, :, None], axis=1).astype(np.float64)
+        step_rewards, activations = mlp_forward(self.params, picked)
+        loss, surrogate, correction, d_rewards = rrd_loss(step_rewards, mask, lengths, returns, cfg.bias_correction)
+        adam_step(self.params, mlp_backward(self.params, activations, d_rewards), self.adam, cfg.learning_rate, 0.0)
         stats = self.stats
         stats.steps += 1
-        stats.loss, stats.surrogate, stats.correction = loss.item(), surrogate.item(), correction.item()
-        return stats.loss
+        stats.loss, stats.surrogate, stats.correction = loss, surrogate, correction
+        return loss
 
     def observe(self, batch: EpisodeBatch) -> None:
         """Add the episodes to the lesson buffer; train `train_steps` steps once it holds `min_buffer_episodes`."""
@@ -244,11 +278,10 @@ class RRDRule(CreditRule):
             for _ in range(self.config.train_steps):
                 self.train_step()
 
-    @torch.no_grad()
     def rewards(self, batch: EpisodeBatch) -> np.ndarray:
         """(B, T) r_theta(s_t, a_t) on the trained steps, 0 elsewhere."""
         features, _ = self._features(batch)
-        return np.where(batch.mask, self.model(torch.from_numpy(features)).numpy(), 0.0)
+        return np.where(batch.mask, mlp_forward(self.params, features)[0], 0.0)
 
     def advantages(self, batch: EpisodeBatch) -> np.ndarray:
         """The learned proxy rewards r_theta(s_t, a_t); the raw rewards until the first training step."""
