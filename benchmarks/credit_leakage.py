@@ -42,11 +42,12 @@ import vcbm_gym  # noqa: F401  (registers WatchRepair-v0)
 from algorithms.common.cli import ArgumentParser, atomic_write_json, check_int, main, output_dir
 from algorithms.common.errors import VcbmGymError
 from algorithms.sb3.callbacks import group_ids_for
-from vcbm_gym.credit.base import RULES, EpisodeBatch, make_rule
+from vcbm_gym.credit.base import RULES, EpisodeBatch, make_rule, unmet_needs
 
 DEFAULT_RULES = ("broadcast", "loo", "grpo", "ircr", "rudder", "rrd", "vcbm_bookmark")
 # Constructor arguments per rule: baselines that need no critic (there is none here).
 RULE_KWARGS: dict[str, dict[str, Any]] = {"broadcast": {"baseline": "batch_mean"}, "vcbm_bookmark": {"baseline": "batch_mean"}}
+BATCH_PROVIDES = {"observations", "actions", "group_ids", "step_turn"}  # what `episode_batch` fills
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "credit_leakage.json"
 
 
@@ -118,7 +119,7 @@ def markdown_table(env_id: str, rows: dict[str, dict[str, Any]], seeds: int) -> 
     ]
     for name, row in rows.items():
         if "refused" in row:
-            lines.append(f"| `{name}` | n/a | {row['refused']} | |")
+            lines.append(f"| `{name}` | n/a (refused, see the JSON) | | |")
         else:
             lines.append(
                 f"| `{name}` | {row['mean']:.3f} | [{row['ci_low']:.3f}, {row['ci_high']:.3f}] | {row['seconds_per_seed']:.1f} |"
@@ -172,9 +173,11 @@ def run(argv: list[str]) -> dict[str, Any] | None:
     rows: dict[str, dict[str, Any]] = {}
     for name in args.rules:
         try:
-            make_rule(name, env=env, **RULE_KWARGS.get(name, {})).needs()
+            missing = unmet_needs(make_rule(name, env=env, **RULE_KWARGS.get(name, {})).needs(), BATCH_PROVIDES)
+            if missing:
+                raise ValueError(f"needs {', '.join(missing)}, which episodes of a Gymnasium env do not have")
         except (TypeError, ValueError) as exc:
-            rows[name] = {"refused": str(exc).split(":")[0][:80]}
+            rows[name] = {"refused": str(exc)}
             print(f"{name}: refused on {args.env} ({exc})", file=sys.stderr)
             continue
         start = time.perf_counter()
