@@ -49,6 +49,9 @@ def test_degenerate_scale_gives_no_credit():
     rule.observe(batch)
     np.testing.assert_array_equal(rule.advantages(batch), np.zeros((2, 4)))
     np.testing.assert_array_equal(normalised_returns(np.array([1.0, 5.0]), 2.0, 2.0), [0.0, 0.0])
+    # a rounding-sized spread is no spread: no overflow for a return outside it
+    np.testing.assert_array_equal(normalised_returns(np.array([0.0, 40.0]), 0.0, 5e-324), [0.0, 0.0])
+    np.testing.assert_array_equal(normalised_returns(np.array([3.0, 3.0 + 4e-15]), 3.0, 3.0 + 4e-15), [0.0, 0.0])
     assert rule.summary() == {"buffer_episodes": 2, "return_min": 3.0, "return_max": 3.0}
 
 

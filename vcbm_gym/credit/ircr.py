@@ -13,8 +13,9 @@ of the `top_episodes` best episodes ever seen: the authors' code keeps such a he
 episodes beside its FIFO so that the top of the scale does not drop out with old data
 (github.com/Stilwell-Git/Randomized-Return-Decomposition, algorithm/replay_buffer/mujoco_buffer/
 ircr_buffer.py). Choices the paper leaves open:
-- The degenerate scale G_max == G_min (every return seen is equal) gives 0 on every step: nothing
-  separates the episodes, so no step gets credit (the formula would divide by zero).
+- The degenerate scale G_max == G_min (every return seen is equal, up to 1e-12 relative rounding)
+  gives 0 on every step: nothing separates the episodes, so no step gets credit (the formula
+  would divide by zero).
 - Before the first `observe`, the batch's own returns set the scale.
 - `baseline` (default "none", the paper's guidance reward) subtracts a baseline on the same scale:
   "batch_mean" the batch's mean normalised return; "given" the caller's batch.extras["baseline"]
@@ -36,10 +37,14 @@ BASELINES = ("none", "batch_mean", "given")
 
 
 def normalised_returns(returns: np.ndarray, low: float, high: float) -> np.ndarray:
-    """(G - G_min) / (G_max - G_min), elementwise; all 0 when G_max == G_min (no spread, no credit)."""
+    """(G - G_min) / (G_max - G_min), elementwise; all 0 when G_max == G_min (no spread, no credit).
+
+    A spread below 1e-12 of the returns' size counts as none: it is rounding, and dividing by it
+    would blow a return outside [G_min, G_max] up to infinity.
+    """
     returns = np.asarray(returns, dtype=np.float64)
     span = float(high) - float(low)
-    if not span > 0.0:
+    if not span > 1e-12 * max(1.0, abs(float(high)), abs(float(low))):
         return np.zeros_like(returns)
     return (returns - float(low)) / span
 
