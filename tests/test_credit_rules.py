@@ -36,6 +36,8 @@ RULE_KWARGS = {
     "vcbm_blend": {"few_bookmarks": "retrieve", "top_k": 2},
     "casi": {},
     "rudder": {},
+    "ircr": {},
+    "rrd": {"min_buffer_episodes": 1, "train_steps": 2, "episodes_per_step": 4, "subsequence_size": 3},
 }
 WORDS = ["repair", "skip", "wait", "corvina", "bumps", "sold"]
 
@@ -93,11 +95,11 @@ def only_needs(batch: EpisodeBatch, needs) -> EpisodeBatch:
 
 
 def _contract_rule(name):
-    if name != "rudder":
+    if name not in ("rudder", "rrd"):
         return make_rule(name, **RULE_KWARGS[name])
     from envs.watch_repair import WatchRepairFeaturizer
 
-    return make_rule("rudder", featurizer=WatchRepairFeaturizer())
+    return make_rule(name, featurizer=WatchRepairFeaturizer(), **RULE_KWARGS[name])
 
 
 def test_the_contract_test_covers_every_registered_rule():
@@ -112,7 +114,7 @@ def test_shapes_masks_and_state_round_trip(name, data):
     names, (B, T) finite advantages, 0 off the mask, and a state that round-trips."""
     if not _importable(name):
         pytest.skip(f"{RULES[name]} not importable here")
-    shape = {"n_components": 5, "max_value": 3, "prefix": True} if name == "rudder" else {}
+    shape = {"n_components": 5, "max_value": 3, "prefix": True} if name in ("rudder", "rrd") else {}
     rule = _contract_rule(name)
     first, second = (only_needs(data.draw(batches(**shape)), rule.needs()) for _ in range(2))
     rule.observe(first)

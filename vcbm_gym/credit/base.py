@@ -125,6 +125,8 @@ RULES: dict[str, str] = {
     "vcbm_blend": "vcbm_gym.credit.vcbm_blend:VCBMBlendRule",
     "gigpo": "vcbm_gym.credit.gigpo:GiGPORule",
     "casi": "vcbm_gym.credit.set_credit:CASIShapingRule",
+    "ircr": "vcbm_gym.credit.ircr:IRCRRule",
+    "rrd": "vcbm_gym.credit.rrd:RRDRule",
 }
 
 

@@ -1,0 +1,117 @@
+"""IRCR: every step of an episode is credited with the episode's return, normalised over a buffer.
+
+"Iterative Relative Credit Refinement" of Gangwani, Zhou and Peng, "Learning Guidance Rewards with
+Trajectory-space Smoothing", NeurIPS 2020, arXiv:2010.12718: the guidance reward r_g(s_t, a_t) is
+the (smoothed) return of the trajectories through (s_t, a_t); in its practical form (IRCR) each
+stored transition takes its own trajectory's return, normalised to [0, 1] by the smallest and
+largest return in the replay buffer:
+
+    r_g(k, t) = (G_k - G_min) / (G_max - G_min)        for every trained step t of episode k.
+
+G_min and G_max range over the returns of a FIFO buffer of recent episodes (`buffer_episodes`) and
+of the `top_episodes` best episodes ever seen: the authors' code keeps such a heap of the 10 best
+episodes beside its FIFO so that the top of the scale does not drop out with old data
+(github.com/Stilwell-Git/Randomized-Return-Decomposition, algorithm/replay_buffer/mujoco_buffer/
+ircr_buffer.py). Choices the paper leaves open:
+- The degenerate scale G_max == G_min (every return seen is equal, up to 1e-12 relative rounding)
+  gives 0 on every step: nothing separates the episodes, so no step gets credit (the formula
+  would divide by zero).
+- Before the first `observe`, the batch's own returns set the scale.
+- `baseline` (default "none", the paper's guidance reward) subtracts a baseline on the same scale:
+  "batch_mean" the batch's mean normalised return; "given" the caller's batch.extras["baseline"]
+  (SB3: the critic's V(s_0), in return units) mapped by the same affine normalisation, so that
+  A = (G - V(s_0)) / (G_max - G_min) (a state-dependent baseline, which WatchRepair's
+  brand-dependent optimum needs under PPO; see broadcast.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from vcbm_gym.credit.base import CreditRule, EpisodeBatch
+
+BASELINES = ("none", "batch_mean", "given")
+
+
+def normalised_returns(returns: np.ndarray, low: float, high: float) -> np.ndarray:
+    """(G - G_min) / (G_max - G_min), elementwise; all 0 when G_max == G_min (no spread, no credit).
+
+    A spread below 1e-12 of the returns' size counts as none: it is rounding, and dividing by it
+    would blow a return outside [G_min, G_max] up to infinity.
+    """
+    returns = np.asarray(returns, dtype=np.float64)
+    span = float(high) - float(low)
+    if not span > 1e-12 * max(1.0, abs(float(high)), abs(float(low))):
+        return np.zeros_like(returns)
+    return (returns - float(low)) / span
+
+
+class IRCRRule(CreditRule):
+    """A_{k,t} = (G_k - G_min) / (G_max - G_min) (minus a baseline on the same scale), the same on every step."""
+
+    name = "ircr"
+
+    def __init__(self, buffer_episodes: int = 2048, top_episodes: int = 10, baseline: str = "none") -> None:
+        for key, value in (("buffer_episodes", buffer_episodes), ("top_episodes", top_episodes)):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, np.integer))
+                or value < (1 if key == "buffer_episodes" else 0)
+            ):
+                raise ValueError(f"{key}={value!r}: expected an integer >= {1 if key == 'buffer_episodes' else 0}")
+        if baseline not in BASELINES:
+            raise ValueError(f"baseline={baseline!r}: expected one of {', '.join(BASELINES)}")
+        self.buffer_episodes, self.top_episodes, self.baseline = int(buffer_episodes), int(top_episodes), baseline
+        self.recent: deque[float] = deque(maxlen=self.buffer_episodes)
+        self.best: list[float] = []  # the `top_episodes` largest returns ever seen, ascending
+
+    def needs(self) -> tuple[str, ...]:
+        return ("extras['baseline']",) if self.baseline == "given" else ()
+
+    def observe(self, batch: EpisodeBatch) -> None:
+        returns = [float(g) for g in batch.returns]
+        self.recent.extend(returns)
+        if self.top_episodes:
+            self.best = sorted(self.best + returns)[-self.top_episodes :]
+
+    def scale(self, batch: EpisodeBatch | None = None) -> tuple[float, float]:
+        """(G_min, G_max) over the buffer and the best episodes; over `batch` if nothing was observed yet."""
+        seen = list(self.recent) + self.best
+        if not seen:
+            seen = [] if batch is None else batch.returns.tolist()
+        if not seen:
+            return 0.0, 0.0
+        return float(min(seen)), float(max(seen))
+
+    def episode_advantages(self, batch: EpisodeBatch) -> np.ndarray:
+        """(B,) the normalised return of each episode, minus the baseline."""
+        low, high = self.scale(batch)
+        guidance = normalised_returns(batch.returns, low, high)
+        if self.baseline == "batch_mean":
+            return guidance - guidance.mean() if len(guidance) else guidance
+        if self.baseline == "given":
+            given = np.asarray(batch.extras.get("baseline", np.full(len(guidance), np.nan)), dtype=np.float64)
+            if given.shape != guidance.shape or not np.isfinite(given).all():
+                raise ValueError(f'baseline="given" reads batch.extras["baseline"]: expected {len(guidance)} finite values')
+            return guidance - (normalised_returns(given, low, high) if high > low else 0.0)
+        return guidance
+
+    def advantages(self, batch: EpisodeBatch) -> np.ndarray:
+        return batch.broadcast(self.episode_advantages(batch))
+
+    def summary(self) -> dict[str, Any]:
+        low, high = self.scale()
+        return {"buffer_episodes": len(self.recent), "return_min": low, "return_max": high}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"recent": np.array(self.recent, dtype=np.float64), "best": np.array(self.best, dtype=np.float64)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if set(state) != {"recent", "best"}:
+            raise ValueError(f"ircr state keys {sorted(state)}: expected ['best', 'recent']")
+        self.recent = deque((float(g) for g in np.asarray(state["recent"]).reshape(-1)), maxlen=self.buffer_episodes)
+        best = sorted(float(g) for g in np.asarray(state["best"]).reshape(-1))
+        self.best = best[-self.top_episodes :] if self.top_episodes else []

@@ -1,0 +1,335 @@
+"""RRD: randomized return decomposition, as a credit rule.
+
+Ren, Guo, Zhou and Peng, "Learning Long-Term Reward Redistribution via Randomized Return
+Decomposition", ICLR 2022, arXiv:2111.13485. A reward model r_theta(s_t, a_t) is fitted so that
+the rewards of an episode add up to its return G. Least-squares return decomposition (the paper's
+L_RD, Sec. 3) sums the model over all T steps of an episode:
+
+    L_RD(theta) = E_tau [ (G - sum_{t < T} r_theta(s_t, a_t))^2 ].
+
+RRD's surrogate (L_Rand-RD, Sec. 4.1) sums over a random subset I of the steps, drawn uniformly
+without replacement, and rescales by T / |I|, so one gradient step reads K = |I| steps instead of T:
+
+    L_Rand-RD(theta) = E_tau E_I [ (G - T/|I| sum_{t in I} r_theta(s_t, a_t))^2 ].
+
+Since E_I[T/|I| sum_{t in I} r_t] = sum_t r_t, L_Rand-RD = L_RD + E_tau[Var_I(T/|I| sum_{t in I} r_t)]
+(the paper's Proposition 1: the surrogate is an upper bound of L_RD, the gap being the Monte Carlo
+variance, which favours smooth reward models). The bias-corrected loss subtracts an unbiased
+estimate of that variance, so that its expectation over I is L_RD itself (the "RRD-L_RD" variant of
+the paper's experiments; `bias_correction=True`). For sampling without replacement (the
+finite-population correction; s_I^2 the sample variance of the r_t over I, with n - 1):
+
+    Var_I(T/n sum_{t in I} r_t) = T^2 (1 - n/T) S^2 / n,   E_I[s_I^2] = S^2 (population variance with T - 1),
+    L_corrected = (G - T/n sum_{t in I} r_t)^2 - T^2 (1 - n/T) s_I^2 / n.
+
+The authors' code (github.com/Stilwell-Git/Randomized-Return-Decomposition, algorithm/rrd.py and
+replay_buffer/mujoco_buffer/rrd_buffer.py) writes the same loss in per-step units (the mean of r over
+I against G / T, with the coefficient 1 - K/T on s_I^2 / K), i.e. ours divided by T^2.
+
+Choices where the paper is silent or tuned for MuJoCo:
+- An episode shorter than K uses all of its steps (n = T): then the surrogate is L_RD exactly and
+  the correction is 0 (the authors' code samples with replacement there).
+- Features: the env's `credit_featurizer()` if it has one (WatchRepair's: the state as a difference
+  from the previous step and the one-hot action, vcbm_gym/credit/features.py), else the flattened
+  observation and action; the paper's MuJoCo model reads (s, a, s - s').
+- Model: an MLP with ReLU hidden layers (`hidden_sizes`, default (64,); () is a linear model), in
+  float64, initialised as torch's nn.Linear (seeded); the loss, its gradient and backpropagation are
+  written in numpy (`rrd_loss`, `mlp_forward`, `mlp_backward`, tested against torch autograd) and
+  the Adam step is `rudder.adam_step` (torch.optim.Adam's update, numpy state): autograd's per-op
+  overhead made a step of this small model cost ~50 ms on two busy cores.
+- Schedule: on each `observe`, the episodes enter a FIFO lesson buffer (`rudder.LessonBuffer`);
+  once it holds `min_buffer_episodes`, `train_steps` Adam steps each on `episodes_per_step`
+  buffer episodes, one random subset of K steps per episode.
+
+The credit: A_t = r_theta(s_t, a_t), the learned proxy reward of every trained step (as the RUDDER
+rule gives its redistributed reward); the raw rewards until the first training step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from vcbm_gym.credit.base import CreditRule, EpisodeBatch
+from vcbm_gym.credit.features import Featurizer
+from vcbm_gym.credit.rudder import AdamState, LessonBuffer, adam_step
+
+
+@dataclass
+class RRDConfig:
+    """The reward model and its training schedule."""
+
+    hidden_sizes: tuple[int, ...] = (64,)
+    subsequence_size: int = 16  # K = |I|, steps per sampled subset
+    episodes_per_step: int = 32  # episodes (one subset each) per Adam step
+    train_steps: int = 32  # Adam steps per observe() once the buffer is ready
+    learning_rate: float = 3e-3
+    buffer_capacity: int = 2048
+    min_buffer_episodes: int = 32
+    bias_correction: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.hidden_sizes, (int, np.integer)):
+            self.hidden_sizes = (int(self.hidden_sizes),)
+        self.hidden_sizes = tuple(int(h) for h in self.hidden_sizes)
+        if any(h < 1 for h in self.hidden_sizes):
+            raise ValueError(f"hidden_sizes={self.hidden_sizes}: expected positive layer widths (or () for a linear model)")
+        for name in ("subsequence_size", "episodes_per_step", "buffer_capacity", "min_buffer_episodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name}={value!r}: expected an integer >= 1")
+        if isinstance(self.train_steps, bool) or not isinstance(self.train_steps, (int, np.integer)) or self.train_steps < 0:
+            raise ValueError(f"train_steps={self.train_steps!r}: expected an integer >= 0")
+        if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
+            raise ValueError(f"learning_rate={self.learning_rate!r}: expected a positive number")
+        self.bias_correction = bool(self.bias_correction)
+
+
+class RewardModel(nn.Module):
+    """r_theta: per-step features (..., F) -> per-step rewards (...), an MLP with ReLU hidden layers."""
+
+    def __init__(self, n_features: int, hidden_sizes: tuple[int, ...] = (64,), seed: int = 0) -> None:
+        super().__init__()
+        widths = [int(n_features), *hidden_sizes]
+        layers: list[nn.Module] = []
+        with torch.random.fork_rng(devices=[]):  # seeded initialisation without touching the caller's torch RNG
+            torch.manual_seed(int(seed))
+            for fan_in, fan_out in zip(widths[:-1], widths[1:]):
+                layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
+            layers.append(nn.Linear(widths[-1], 1))
+        self.net = nn.Sequential(*layers).double()
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.net(features).squeeze(-1)
+
+
+def rrd_loss(
+    step_rewards: np.ndarray, sample_mask: np.ndarray, lengths: np.ndarray, returns: np.ndarray, bias_correction: bool = False
+) -> tuple[float, float, float, np.ndarray]:
+    """L_Rand-RD on one sampled subset per episode, its bias correction, and the gradient:
+    (loss, surrogate, correction, d loss / d step_rewards).
+
+    step_rewards (B, K): r_theta on the sampled steps; sample_mask (B, K): the n_i = min(K, T_i) real
+    samples of episode i; lengths (B,): T_i; returns (B,): G_i. Per episode
+    surrogate_i = (G_i - T_i/n_i sum_{t in I_i} r_t)^2 and correction_i = T_i^2 (1 - n_i/T_i) s_i^2 / n_i
+    (s_i^2 the sample variance of the sampled r_t, 0 when n_i < 2); loss = mean_i surrogate_i, minus
+    mean_i correction_i with `bias_correction`. Written out with its gradient (tested against torch
+    autograd): a training step is a few small matrix products, which numpy runs without autograd's overhead.
+    """
+    r = np.asarray(step_rewards, dtype=np.float64)
+    m = np.asarray(sample_mask, dtype=np.float64)
+    t = np.asarray(lengths, dtype=np.float64)
+    g = np.asarray(returns, dtype=np.float64)
+    batch = len(r)
+    n = m.sum(axis=1)
+    residual = g - t / n * (r * m).sum(axis=1)
+    surrogate = residual**2
+    mean = (r * m).sum(axis=1) / n
+    centred = (r - mean[:, None]) * m
+    has_var = n > 1
+    dof = np.where(has_var, n - 1.0, 1.0)
+    sample_var = (centred**2).sum(axis=1) / dof
+    coef = np.where(has_var, t**2 * (1.0 - n / t) / n, 0.0)  # correction_i = coef_i * s_i^2
+    correction = coef * sample_var
+    grad = (-2.0 * residual * t / n)[:, None] * m / batch
+    loss = float(surrogate.mean())
+    if bias_correction:
+        loss -= float(correction.mean())
+        grad -= (2.0 * coef / dof)[:, None] * centred / batch  # d s^2 / d r_k = 2 (r_k - mean) / (n - 1)
+    return loss, float(surrogate.mean()), float(correction.mean()), grad
+
+
+def mlp_forward(params: list[np.ndarray], features: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """r_theta of (..., F) features with `RewardModel`'s parameters [W_1, b_1, ..., W_L, b_L]: (rewards (...), activations)."""
+    activations = [features]
+    h = features
+    for layer in range(0, len(params), 2):
+        h = h @ params[layer].T + params[layer + 1]
+        if layer + 2 < len(params):
+            h = np.maximum(h, 0.0)
+        activations.append(h)
+    return h[..., 0], activations
+
+
+def mlp_backward(params: list[np.ndarray], activations: list[np.ndarray], d_rewards: np.ndarray) -> list[np.ndarray]:
+    """Gradients of the parameters (in `params` order) given d loss / d rewards, by backpropagation through `mlp_forward`."""
+    grads: list[np.ndarray] = [np.empty(0)] * len(params)
+    d_h = d_rewards[..., None]
+    for layer in range(len(params) - 2, -1, -2):
+        if layer + 2 < len(params):
+            d_h = d_h * (activations[layer // 2 + 1] > 0.0)  # through the ReLU
+        inputs = activations[layer // 2]
+        grads[layer] = d_h.reshape(-1, d_h.shape[-1]).T @ inputs.reshape(-1, inputs.shape[-1])
+        grads[layer + 1] = d_h.reshape(-1, d_h.shape[-1]).sum(axis=0)
+        d_h = d_h @ params[layer]
+    return grads
+
+
+def sample_subsets(rng: np.random.Generator, lengths: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """One uniform random subset of min(size, T_i) distinct steps of each episode: (indices (B, K), mask (B, K)),
+    K = min(size, max T_i); masked-off columns hold index 0."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    horizon = int(lengths.max())
+    keys = rng.random((len(lengths), horizon))
+    keys[np.arange(horizon)[None, :] >= lengths[:, None]] = np.inf  # padding sorts last
+    k = min(int(size), horizon)
+    indices = np.argsort(keys, axis=1, kind="stable")[:, :k]
+    mask = np.arange(k)[None, :] < np.minimum(lengths, k)[:, None]
+    return np.where(mask, indices, 0), mask
+
+
+@dataclass
+class TrainingStats:
+    steps: int = 0
+    loss: float = float("nan")  # the last step's loss (the corrected one with bias_correction)
+    surrogate: float = float("nan")
+    correction: float = float("nan")
+
+
+class RRDRule(CreditRule):
+    """RRD as a credit rule: observe(batch) trains r_theta on random subsets; advantages(batch) = r_theta per step.
+
+    `featurizer` maps the batch's observations and actions to per-step features (features.py);
+    `RRDRule.from_env(env)` takes the env's own or the flattened observation and action. Each
+    episode's real steps are a prefix of its row (`mask`).
+    """
+
+    name = "rrd"
+    batch_needs = ("observations", "actions")
+
+    def __init__(
+        self, featurizer: Featurizer | None = None, *, config: RRDConfig | None = None, seed: int = 0, **overrides: Any
+    ) -> None:
+        if not isinstance(featurizer, Featurizer):
+            raise ValueError(
+                f"featurizer={featurizer!r}: expected per-step features with `n_features` "
+                "(SpaceFeaturizer(observation_space, action_space), an env's credit_featurizer(), or RRDRule.from_env(env))"
+            )
+        cfg = config or RRDConfig()
+        if overrides:
+            unknown = sorted(set(overrides) - set(asdict(cfg)))
+            if unknown:
+                raise ValueError(f"unknown RRDRule option(s) {unknown}; expected fields of RRDConfig: {sorted(asdict(cfg))}")
+            cfg = RRDConfig(**{**asdict(cfg), **overrides})
+        self.config, self.featurizer = cfg, featurizer
+        self.n_features = int(featurizer.n_features)
+        self.model = RewardModel(self.n_features, cfg.hidden_sizes, seed)
+        self.params = [p.detach().numpy() for p in self.model.parameters()]  # numpy views, updated in place by Adam
+        self.adam = AdamState.zeros_like(self.params)
+        self.buffer = LessonBuffer(cfg.buffer_capacity, 1, self.n_features, seed)
+        self.rng = np.random.default_rng(np.random.SeedSequence([seed, 0x44D]))
+        self.episodes_seen = 0
+        self.stats = TrainingStats()
+
+    @classmethod
+    def from_env(cls, env: gym.Env, **kwargs: Any) -> RRDRule:
+        """The rule on `env`'s features: its `credit_featurizer()` if it has one, else the flattened observation and action."""
+        from vcbm_gym.contract import episode_featurizer
+
+        return cls(episode_featurizer(env), **kwargs)
+
+    @property
+    def trained(self) -> bool:
+        return self.stats.steps > 0
+
+    def _features(self, batch: EpisodeBatch) -> tuple[np.ndarray, np.ndarray]:
+        if batch.observations is None or batch.actions is None:
+            raise ValueError("RRDRule needs batch.observations (B, T, ...) and batch.actions (B, T, ...)")
+        lengths = batch.mask.sum(axis=1)
+        if not np.array_equal(batch.mask, np.arange(batch.mask.shape[1])[None, :] < lengths[:, None]):
+            raise ValueError("RRDRule expects each episode's real steps to be a prefix of its row (mask)")
+
+        def real(values: np.ndarray) -> np.ndarray:  # padding takes the first step's values (valid in any space)
+            values = np.asarray(values)
+            keep = batch.mask.reshape(batch.mask.shape + (1,) * (values.ndim - 2))
+            return np.where(keep, values, values[:, :1])
+
+        features = np.asarray(self.featurizer(real(batch.observations), real(batch.actions)), dtype=np.float64)
+        if features.shape != batch.mask.shape + (self.n_features,):
+            raise ValueError(f"featurizer output {features.shape}: expected {batch.mask.shape + (self.n_features,)}")
+        return features, lengths
+
+    def train_step(self) -> float:
+        """One Adam step of the (corrected) surrogate on `episodes_per_step` buffer episodes; returns the loss."""
+        cfg = self.config
+        features, lengths, returns = self.buffer.sample(cfg.episodes_per_step)
+        indices, mask = sample_subsets(self.rng, lengths, cfg.subsequence_size)
+        picked = np.take_along_axis(features, indices[:, :, None], axis=1).astype(np.float64)
+        step_rewards, activations = mlp_forward(self.params, picked)
+        loss, surrogate, correction, d_rewards = rrd_loss(step_rewards, mask, lengths, returns, cfg.bias_correction)
+        adam_step(self.params, mlp_backward(self.params, activations, d_rewards), self.adam, cfg.learning_rate, 0.0)
+        stats = self.stats
+        stats.steps += 1
+        stats.loss, stats.surrogate, stats.correction = loss, surrogate, correction
+        return loss
+
+    def observe(self, batch: EpisodeBatch) -> None:
+        """Add the episodes to the lesson buffer; train `train_steps` steps once it holds `min_buffer_episodes`."""
+        features, lengths = self._features(batch)
+        for feats, length, episode_return in zip(features, lengths, batch.returns):
+            self.buffer.add(feats[:length].astype(np.float32), float(episode_return))
+            self.episodes_seen += 1
+        if len(self.buffer) >= self.config.min_buffer_episodes:
+            for _ in range(self.config.train_steps):
+                self.train_step()
+
+    def rewards(self, batch: EpisodeBatch) -> np.ndarray:
+        """(B, T) r_theta(s_t, a_t) on the trained steps, 0 elsewhere."""
+        features, _ = self._features(batch)
+        return np.where(batch.mask, mlp_forward(self.params, features)[0], 0.0)
+
+    def advantages(self, batch: EpisodeBatch) -> np.ndarray:
+        """The learned proxy rewards r_theta(s_t, a_t); the raw rewards until the first training step."""
+        if not self.trained:
+            return np.where(batch.mask, batch.rewards, 0.0)
+        return self.rewards(batch)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "n_features": self.n_features,
+            "episodes_seen": self.episodes_seen,
+            "train_steps": self.stats.steps,
+            "last_loss": self.stats.loss,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "config": asdict(self.config),
+            "n_features": self.n_features,
+            "params": [p.copy() for p in self.params],
+            "optimizer": {
+                "step": self.adam.step,
+                "exp_avg": [m.copy() for m in self.adam.exp_avg],
+                "exp_avg_sq": [v.copy() for v in self.adam.exp_avg_sq],
+            },
+            "buffer": self.buffer.state_dict(),
+            "rng": self.rng.bit_generator.state,
+            "episodes_seen": self.episodes_seen,
+            "stats": {
+                "steps": self.stats.steps,
+                "loss": self.stats.loss,
+                "surrogate": self.stats.surrogate,
+                "correction": self.stats.correction,
+            },
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if RRDConfig(**state["config"]) != self.config:
+            raise ValueError("RRDRule.load_state_dict: the saved config differs from this rule's config")
+        if state["n_features"] != self.n_features:
+            raise ValueError(f"RRDRule.load_state_dict: saved with {state['n_features']} features, expected {self.n_features}")
+        for param, saved in zip(self.params, state["params"]):
+            param[...] = np.asarray(saved, dtype=np.float64)
+        optimizer = state["optimizer"]
+        self.adam = AdamState(
+            int(optimizer["step"]), [np.array(m) for m in optimizer["exp_avg"]], [np.array(v) for v in optimizer["exp_avg_sq"]]
+        )
+        self.buffer.load_state_dict(state["buffer"])
+        self.rng.bit_generator.state = state["rng"]
+        self.episodes_seen = int(state["episodes_seen"])
+        self.stats = TrainingStats(**{k: (int(v) if k == "steps" else float(v)) for k, v in state["stats"].items()})
