@@ -232,7 +232,12 @@ class VCBMAgent(TabularAgent):
         self._contexts = bookmark_contexts(pre_change_states, roles)
         if not self._contexts and not self.no_bookmarks_warned:
             self.no_bookmarks_warned = True
-            print(f"warning: {self.no_bookmarks_reason()}; it acts uniformly at random", file=sys.stderr, flush=True)
+            print(
+                f"warning: {self.no_bookmarks_reason()}; it acts uniformly at random until a role refresh finds one "
+                "(TensorBoard: vcbm/no_bookmarks)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def no_bookmarks_reason(self) -> str:
         """Why the agent has no bookmark: no controlled component, or (rarely) none seen changing."""
