@@ -89,9 +89,10 @@ WINDOW = 750
 CHANCE_BAND = 4 * math.sqrt(0.25 / WINDOW)
 
 
-def _train(tmp_path, name, seed, causal_test, length=10, episodes=3000, **env_kwargs):
-    hyperparams = [f"causal_test={causal_test}", f"env_kwargs={json.dumps({'length': length, **env_kwargs})}"]
-    argv = ["--algo", "vcbm", "--env", ENV_ID, "--seed", str(seed), "--log-dir", str(tmp_path / name), "--no-progress"]
+def _train(tmp_path, name, seed, causal_test, length=10, episodes=3000, algo="vcbm", **env_kwargs):
+    hyperparams = [f"env_kwargs={json.dumps({'length': length, **env_kwargs})}"]
+    hyperparams += [f"causal_test={causal_test}"] if causal_test else []
+    argv = ["--algo", algo, "--env", ENV_ID, "--seed", str(seed), "--log-dir", str(tmp_path / name), "--no-progress"]
     return run(argv + ["--max-episodes", str(episodes), "--hyperparams", *hyperparams])
 
 
@@ -247,8 +248,22 @@ def test_an_env_that_rewrites_its_observation_array_gets_the_same_roles(tmp_path
     assert rewritten["bookmark_values"] == fresh["bookmark_values"]
 
 
-def test_a_two_dimensional_integer_box_observation_is_flattened(tmp_path):
-    flat = _train(tmp_path, "flat", 1, FREQUENCY_AND_VALUE, episodes=400)
-    boxed = _train(tmp_path, "boxed", 1, FREQUENCY_AND_VALUE, episodes=400, box=True)
+@pytest.mark.parametrize("algo", ["vcbm", "vcbm+"])
+def test_a_two_dimensional_integer_box_observation_is_flattened(tmp_path, algo):
+    flat = _train(tmp_path, "flat", 1, FREQUENCY_AND_VALUE, episodes=400, algo=algo)
+    boxed = _train(tmp_path, "boxed", 1, FREQUENCY_AND_VALUE, episodes=400, algo=algo, box=True)
     assert boxed["roles"] == flat["roles"]  # the env's 23 component names fit the flattened (1, 23) box
+    assert boxed["roles"]["have"] == "controlled"
     assert boxed["bookmark_values"] == flat["bookmark_values"]
+
+
+@pytest.mark.parametrize("algo", ["mc", "td", "rudder"])
+def test_the_other_tabular_agents_run_the_two_dimensional_integer_box(tmp_path, algo):
+    # issue 22: a (1, 23) observation was a TypeError in their table keys
+    flat = _train(tmp_path, "flat", 2, None, episodes=40, algo=algo)
+    boxed = _train(tmp_path, "boxed", 2, None, episodes=40, algo=algo, box=True)
+    assert boxed["episodes_run"] == 40
+    run_record = ("config_hash", "log_dir", "checksum", "hyperparams", "env_kwargs")  # what names the run, not what it learned
+    learned = [k for k in flat if "time" not in k and k not in run_record]
+    assert "q_table" in learned or "first_step_q_table" in learned
+    assert {k: boxed[k] for k in learned} == {k: flat[k] for k in learned}
