@@ -159,6 +159,8 @@ def test_the_value_test_finds_the_set_component_and_the_frequency_test_does_not(
 def test_value_counts_of_one_at_a_time_and_many_at_once_agree():
     rng = np.random.default_rng(7)
     states, nxt = rng.integers(-2, 3, size=(300, 3)), rng.integers(-2, 3, size=(300, 3))
+    states[:, 2] *= 10**12  # values far apart (an integer Box may span billions): counted by value, not by range
+    nxt[:, 2] *= 10**12
     actions = rng.integers(2, size=300)
     one, many = ChangeStatistics(3), ChangeStatistics(3)
     for s, a, n in zip(states, actions, nxt):
@@ -168,7 +170,7 @@ def test_value_counts_of_one_at_a_time_and_many_at_once_agree():
     for i in range(3):
         assert {v: c.tolist() for v, c in one.occupancy[i].items()} == {v: c.tolist() for v, c in many.occupancy[i].items()}
         assert {v: c.tolist() for v, c in one.arrivals[i].items()} == {v: c.tolist() for v, c in many.arrivals[i].items()}
-        for v in range(-2, 3):
+        for v in np.unique(states[:, i]).tolist():
             taken = states[:, i] == v
             assert one.occupancy[i].get(v, np.zeros(2)).tolist() == [int((taken & (actions == a)).sum()) for a in (0, 1)]
             arrived = (states[:, i] != v) & (nxt[:, i] == v)

@@ -128,15 +128,15 @@ def _add_value_counts(table: dict[int, np.ndarray], values: np.ndarray, actions:
     """table[v][a] += the number of (value, action) pairs equal to (v, a)."""
     if not len(values):
         return
-    values, actions = np.asarray(values, dtype=np.int64), np.asarray(actions, dtype=np.int64)
-    lowest = int(values.min())
-    n_values = int(values.max()) - lowest + 1
-    per_pair = np.bincount((values - lowest) * n_actions + actions, minlength=n_values * n_actions).reshape(n_values, n_actions)
-    for offset in np.flatnonzero(per_pair.any(axis=1)).tolist():
-        row = table.get(lowest + offset)
+    # by rank among the values present, not by value: an integer Box may span billions
+    seen, rank = np.unique(np.asarray(values, dtype=np.int64), return_inverse=True)
+    codes = rank.reshape(-1) * n_actions + np.asarray(actions, dtype=np.int64)
+    per_pair = np.bincount(codes, minlength=len(seen) * n_actions).reshape(len(seen), n_actions)
+    for value, counts in zip(seen.tolist(), per_pair):
+        row = table.get(value)
         if row is None:
-            row = table[lowest + offset] = np.zeros(n_actions, dtype=np.int64)
-        row += per_pair[offset]
+            row = table[value] = np.zeros(n_actions, dtype=np.int64)
+        row += counts
 
 
 class ChangeStatistics:
