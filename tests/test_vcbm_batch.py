@@ -78,6 +78,12 @@ def test_batched_runner_rejects_refreshes_inside_an_episode(overrides, message):
         run_batch([0], "vcbm", overrides)
 
 
+def test_batched_runner_runs_the_papers_test_only():
+    # it counts change frequencies (Eq. 10), not the value test's arrivals; the zoo's WatchRepair-v0 entry is the paper's
+    with pytest.raises(ValueError, match=r"causal_test='frequency\+value': the batched runner counts change frequencies only"):
+        run_batch([0], "vcbm", {"causal_test": "frequency+value"})
+
+
 def test_batched_runner_rejects_non_vcbm_algos():
     with pytest.raises(ValueError, match="algo 'rudder'"):
         run_batch([0], "rudder")

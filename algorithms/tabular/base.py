@@ -20,6 +20,16 @@ class TabularAgent(abc.ABC):
 
     config_class: ClassVar[type]
 
+    @classmethod
+    def unsupported(cls, observation_space: spaces.Space, action_space: spaces.Space, config: Any) -> str | None:
+        """Why this agent cannot run on these spaces with this config (one line), or None.
+
+        The runner asks before the log dir exists; the spaces are the ones the agent will be given
+        (the flattened observation space, actions numbered from 0)."""
+        if not isinstance(action_space, spaces.Discrete):
+            return f"{cls.__name__} needs a Discrete action space, got {action_space}"
+        return None
+
     def __init__(
         self,
         observation_space: spaces.Space,
@@ -68,6 +78,13 @@ def epsilon_greedy(q_values: np.ndarray, epsilon: float, rng: np.random.Generato
 
 class FirstDecisionAgent(TabularAgent):
     """Acts epsilon-greedily on Q(s_0, .) at the first step only; subclasses give the update target."""
+
+    @classmethod
+    def unsupported(cls, observation_space, action_space, config: Any) -> str | None:
+        why = super().unsupported(observation_space, action_space, config)
+        if why is None and not 0 <= config.later_action < action_space.n:
+            why = f"later_action={config.later_action}: expected an action in [0, {action_space.n - 1}]"
+        return why
 
     def __init__(self, observation_space, action_space, config: Any, seed: int, component_names=None) -> None:
         super().__init__(observation_space, action_space, config, seed, component_names)

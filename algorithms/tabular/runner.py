@@ -3,7 +3,14 @@
 The criterion (algorithms/common/convergence.py) reads the env contract's evaluation-only
 `first_decision_optimal`; an env without it trains for `max_episodes` and reports its return (and
 success rate, from `is_success`). An agent that takes a `featurizer` (RUDDER) gets the env's
-(vcbm_gym.contract.episode_featurizer).
+own `credit_featurizer()`, else `SpaceFeaturizer` on the flat spaces the agent sees.
+
+Any env with Discrete actions and a discrete observation space runs: the agent sees each
+observation flattened into a new int64 vector (`TabularObservations`: a copy, so an env that
+rewrites the array it returned cannot make every component look static) and actions numbered
+from 0 (a Discrete space's `start` is added back for the env). A float Box observation, a
+non-Discrete action space, or an agent that cannot take the env's actions (tabular VCBM wants
+exactly two) is refused in `resolve` with one line, before the log dir exists.
 """
 
 from __future__ import annotations
@@ -14,16 +21,19 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from gymnasium import spaces
 from tqdm.auto import tqdm
 
 from algorithms.common.config import as_plain_dict, build_dataclasses, make_env
 from algorithms.common.convergence import ConvergenceTracker, EpisodeOutcomes, EpisodeRunConfig
+from algorithms.common.errors import VcbmGymError
 from algorithms.common.run_context import RunContext
 from algorithms.common.scalar_writer import ScalarWriter
 from algorithms.common.validation import AT_LEAST_ONE
 from algorithms.registry import get_algo, load_object
 from algorithms.tabular.base import TabularAgent
-from vcbm_gym.contract import episode_featurizer
+from algorithms.tabular.observations import TabularObservations, UntabulableSpace
+from vcbm_gym.credit.features import SpaceFeaturizer
 
 
 @dataclass
@@ -42,10 +52,32 @@ def _classes(algo: str) -> tuple[type[TabularAgent], type]:
     return agent_cls, agent_cls.config_class
 
 
+def tabular_spaces(algo: str, env_id: str, env: Any, agent_cls: type[TabularAgent], agent_cfg: Any):
+    """(observations, agent's action space) for `env`, or one VcbmGymError line saying why not."""
+    try:
+        observations = TabularObservations(env.observation_space)
+    except UntabulableSpace as exc:
+        raise VcbmGymError(
+            f"algo {algo!r} keys tables on integer observations; env {env_id!r} observes {exc}: "
+            "expected Discrete, MultiDiscrete, MultiBinary, an integer Box, or a Tuple/Dict of them"
+        ) from None
+    actions = env.action_space
+    agent_actions = spaces.Discrete(int(actions.n)) if isinstance(actions, spaces.Discrete) else actions
+    why = agent_cls.unsupported(observations.space, agent_actions, agent_cfg)
+    if why is not None:
+        raise VcbmGymError(f"algo {algo!r} cannot run env {env_id!r} (actions {actions}): {why}")
+    return observations, agent_actions
+
+
 def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
     agent_cls, config_cls = _classes(algo)
     run_cfg, agent_cfg = build_dataclasses(mapping, [TabularRunConfig, config_cls], owner=f"algo {algo!r}")
-    make_env(env_id, run_cfg.env_kwargs, disable_env_checker=True).close()  # bad env_kwargs fail before the log dir exists
+    # bad env_kwargs and spaces the agent cannot take fail here, before the log dir exists
+    env = make_env(env_id, run_cfg.env_kwargs, disable_env_checker=True)
+    try:
+        tabular_spaces(algo, env_id, env, agent_cls, agent_cfg)
+    finally:
+        env.close()
     return as_plain_dict(run_cfg, agent_cfg)
 
 
@@ -54,23 +86,32 @@ def run(ctx: RunContext) -> dict[str, Any]:
     run_cfg, agent_cfg = build_dataclasses(ctx.hyperparams, [TabularRunConfig, config_cls], owner=f"algo {ctx.algo!r}")
     # The passive env checker only inspects the first reset and step; the env tests run the full checkers.
     env = make_env(ctx.env_id, run_cfg.env_kwargs, disable_env_checker=True)
-    names = tuple(getattr(env.unwrapped, "component_names", ()) or ()) or None
-    extra = {"featurizer": episode_featurizer(env)} if "featurizer" in inspect.signature(agent_cls).parameters else {}
-    agent = agent_cls(env.observation_space, env.action_space, agent_cfg, ctx.seed, component_names=names, **extra)
+    observations, agent_actions = tabular_spaces(ctx.algo, ctx.env_id, env, agent_cls, agent_cfg)
+    flatten, action_start = observations.flatten, int(env.action_space.start)
+    names = tuple(getattr(env.unwrapped, "component_names", ()) or ())
+    names = names if len(names) == observations.n_components else observations.names
+    extra = {}
+    if "featurizer" in inspect.signature(agent_cls).parameters:
+        own = getattr(env.unwrapped, "credit_featurizer", None)
+        extra["featurizer"] = own() if callable(own) else SpaceFeaturizer(observations.space, agent_actions)
+    agent = agent_cls(observations.space, agent_actions, agent_cfg, ctx.seed, component_names=names, **extra)
     outcomes = EpisodeOutcomes(ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold), repr(ctx.env_id))
     writer = ScalarWriter(ctx.log_dir)
     start = time.perf_counter()
     bar = tqdm(total=run_cfg.max_episodes, desc=f"{ctx.algo} seed {ctx.seed}", unit="ep", disable=not ctx.progress)
     obs, info = env.reset(seed=ctx.seed)
+    obs = flatten(obs)
     act, step, observe = agent.act, env.step, agent.observe  # looked up once: the inner loop runs ~60k times a run
     try:
         for episode in range(1, run_cfg.max_episodes + 1):
             if episode > 1:
                 obs, info = env.reset()
+                obs = flatten(obs)
             episode_return, done = 0.0, False
             while not done:
                 action = act(obs)
-                next_obs, reward, terminated, truncated, info = step(action)
+                next_obs, reward, terminated, truncated, info = step(action + action_start if action_start else action)
+                next_obs = flatten(next_obs)
                 done = terminated or truncated
                 reward = float(reward)
                 observe(obs, action, reward, next_obs, done)

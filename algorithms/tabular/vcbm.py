@@ -3,7 +3,11 @@ Sec. IV-A; choices in docs/papers/vcbm.md ("Tabular VCBM").
 
 1. Warm-up: act uniformly for `warmup_transitions`, counting which component changed under which
    action (`ChangeStatistics`).
-2. Causal roles (Eq. 9-10, `classify_roles`), refreshed every `refresh_every` transitions.
+2. Causal roles (Eq. 9-10, `classify_roles`), refreshed every `refresh_every` transitions. The
+   causal test is a setting: `causal_test: frequency` is the paper's; the default
+   "frequency+value" also finds decisions that set a value (docs/papers/vcbm.md, "The value test").
+   A run whose roles give no bookmark after the warm-up says so once (one stderr line) and logs
+   `vcbm/no_bookmarks` = 1 at every refresh that finds none.
 3. Bookmarks: states whose controlled+clock projection was seen just before a controlled change;
    key = static + controlled + clock components (noise marginalised out).
 4. Welford estimate (Eq. 11) of the full return G per (key, action).
@@ -17,13 +21,16 @@ control-variate estimates and a sequential two-sample test (ARCHITECTURE.md, "vc
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Callable
 
 import numpy as np
+from gymnasium import spaces
 
+from algorithms.common.errors import ConfigError
 from algorithms.common.validation import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
@@ -35,6 +42,9 @@ from algorithms.common.validation import (
 )
 from algorithms.tabular.base import TabularAgent
 from vcbm_gym.credit.causal_roles import (
+    CAUSAL_TESTS,
+    DEFAULT_CAUSAL_TEST,
+    FREQUENCY_AND_VALUE,
     ChangeStatistics,
     Role,
     bookmark_contexts,
@@ -59,6 +69,12 @@ class VCBMRolesConfig(Validated):
     refresh_every: int = 500
     eta_clock: float = 0.9
     z_thresh: float = 4.0
+    causal_test: str = DEFAULT_CAUSAL_TEST  # "frequency": the paper's Eq. 10 alone
+
+    def __post_init__(self) -> None:
+        if self.causal_test not in CAUSAL_TESTS:
+            raise ConfigError(f"hyperparameter causal_test={self.causal_test!r}: expected one of {', '.join(CAUSAL_TESTS)}")
+        super().__post_init__()
 
 
 @dataclass
@@ -164,12 +180,20 @@ class VCBMAgent(TabularAgent):
         self._rng = value
         self._uniform = UniformActions(value, self.n_actions)
 
+    @classmethod
+    def unsupported(cls, observation_space, action_space, config) -> str | None:
+        if isinstance(action_space, spaces.Discrete) and action_space.n != 2:
+            return f"tabular VCBM tests two actions against each other (Eq. 10); the env has {action_space.n}"
+        return super().unsupported(observation_space, action_space, config)
+
     def __init__(self, observation_space, action_space, config: VCBMConfig, seed: int, component_names=None) -> None:
         super().__init__(observation_space, action_space, config, seed, component_names)
         if self.n_actions != 2:
             raise ValueError(f"tabular VCBM tests two actions against each other; got {self.n_actions}")
+        self.no_bookmarks_warned = False
         n_components = int(np.prod(observation_space.shape))
-        self.stats = ChangeStatistics(n_components, self.n_actions)
+        # value counts only for the test that reads them: the paper's test runs as fast as before
+        self.stats = ChangeStatistics(n_components, self.n_actions, count_values=config.causal_test == FREQUENCY_AND_VALUE)
         self.roles: list[Role] | None = None
         self._roles_refreshed = False
         self._contexts: set[tuple[int, ...]] = set()
@@ -196,7 +220,7 @@ class VCBMAgent(TabularAgent):
         """Re-run Eq. 9 on the counts so far and rebuild the bookmark contexts and the key."""
         self.record_pending()
         cfg = self.config
-        self.set_roles(self.stats.roles(cfg.eta_clock, cfg.z_thresh), self.stats.pre_change_states)
+        self.set_roles(self.stats.roles(cfg.eta_clock, cfg.z_thresh, cfg.causal_test), self.stats.pre_change_states)
 
     def set_roles(self, roles: list[Role], pre_change_states: list[set[tuple[int, ...]]]) -> None:
         """Sec. IV-A3: the bookmark contexts and the value key under these roles."""
@@ -206,6 +230,20 @@ class VCBMAgent(TabularAgent):
         self._context_of = _projector(self.context_indices)
         self._key_of = _projector(key_components(roles))
         self._contexts = bookmark_contexts(pre_change_states, roles)
+        if not self._contexts and not self.no_bookmarks_warned:
+            self.no_bookmarks_warned = True
+            print(
+                f"warning: {self.no_bookmarks_reason()}; it acts uniformly at random until a role refresh finds one "
+                "(TensorBoard: vcbm/no_bookmarks)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def no_bookmarks_reason(self) -> str:
+        """Why the agent has no bookmark: no controlled component, or (rarely) none seen changing."""
+        controlled = [n for n, r in zip(self.component_names, self.roles or []) if r is Role.CONTROLLED]
+        what = f"no bookmark context (controlled: {', '.join(controlled)})" if controlled else "no controlled component"
+        return f"{type(self).__name__} found {what} after the warm-up (causal_test={self.config.causal_test!r})"
 
     def act(self, obs: np.ndarray) -> int:
         if self._contexts:
@@ -254,6 +292,7 @@ class VCBMAgent(TabularAgent):
         if self._roles_refreshed:  # roles and contexts change only at refreshes: logged then
             self._roles_refreshed = False
             scalars["vcbm/bookmark_contexts"] = float(len(self._contexts))
+            scalars["vcbm/no_bookmarks"] = float(not self._contexts)
             scalars.update({f"roles/{name}": float(int(r)) for name, r in zip(self.component_names, self.roles)})
         super().end_episode()
         return scalars

@@ -19,7 +19,8 @@ converge, roles, bookmark values): same random streams, drawn in the same order.
 - The change counts of Eq. 9-10 (VCBM paper, arXiv:2610.24032) are read only at role refreshes, so each seed's transitions are
   buffered and counted at the refresh (`ChangeStatistics.update_many`), as the single agent does.
 
-A role refresh must fall on an episode boundary here (warmup_transitions and refresh_every
+The roles are the paper's test (`causal_test: frequency`, the zoo's WatchRepair-v0 setting); another
+test raises. A role refresh must fall on an episode boundary here (warmup_transitions and refresh_every
 multiples of the horizon, true for the zoo settings), else this raises.
 Memory: each seed keeps the single agent's pre-change state sets; `batch_size` seeds at a time.
 """
@@ -42,10 +43,15 @@ from algorithms.registry import get_algo, load_object
 from algorithms.tabular.runner import TabularRunConfig
 from algorithms.tabular.vcbm import VCBMAgent
 from envs.watch_repair import COMPONENT_NAMES, GROUND_TRUTH_ROLES, WatchRepairDynamics, WatchRepairParams
-from vcbm_gym.credit.causal_roles import Role, classify_roles
+from vcbm_gym.credit.causal_roles import FREQUENCY, Role, classify_roles
 
 
 def _check(agent_cfg: Any, run_cfg: TabularRunConfig, horizon: int) -> None:
+    if agent_cfg.causal_test != FREQUENCY:
+        raise ValueError(
+            f"causal_test={agent_cfg.causal_test!r}: the batched runner counts change frequencies only "
+            f"(causal_test: {FREQUENCY}, the paper's test and the zoo's WatchRepair-v0 setting)"
+        )
     for name in ("warmup_transitions", "refresh_every"):
         value = getattr(agent_cfg, name)
         if value < 1 or value % horizon:

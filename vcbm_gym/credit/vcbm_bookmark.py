@@ -29,7 +29,7 @@ from gymnasium import spaces
 
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 from vcbm_gym.credit.broadcast import BroadcastRule
-from vcbm_gym.credit.causal_roles import ChangeStatistics, Role, bookmark_contexts, context_components
+from vcbm_gym.credit.causal_roles import FREQUENCY, ChangeStatistics, Role, bookmark_contexts, context_components
 
 
 def record_transitions(stats: ChangeStatistics, states: np.ndarray, actions: np.ndarray, next_states: np.ndarray) -> None:
@@ -102,7 +102,7 @@ class VCBMBookmarkRule(CreditRule):
 
     def _refresh(self) -> None:
         if self.stats is not None and self.stats.transitions >= self.warmup_transitions:
-            self.roles = self.stats.roles(self.eta_clock, self.z_thresh)
+            self.roles = self.stats.roles(self.eta_clock, self.z_thresh, FREQUENCY)  # the paper's Eq. 9-10
             self.contexts = bookmark_contexts(self.stats.pre_change_states, self.roles)
 
     def bookmarks(self, batch: EpisodeBatch) -> np.ndarray:
