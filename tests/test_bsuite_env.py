@@ -289,13 +289,12 @@ def test_score_cli_prints_and_writes_scores_and_refuses_bad_input_in_one_line(ru
 
 @pytest.mark.slow
 def test_train_cli_runs_two_seeds_at_once_on_the_bsuite_id_form_each_with_its_own_bsuite_log(tmp_path):
-    """Until the runners hand their log dir to the env (BSuiteEnv.log_to), env_kwargs.log_dir names it."""
+    """The tabular runner picks the integer view and hands the env its run's dir (BSuiteEnv.log_to): no env_kwargs."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "algorithms.train", "--algo", "mc", "--env", "bsuite:umbrella_distract/0", "--seed", str(seed),
-             "--max-episodes", "200", "--no-progress", "--log-dir", f"run{seed}",
-             "--hyperparams", f"env_kwargs={{integer_observations: true, log_dir: run{seed}/bsuite}}"],
+             "--max-episodes", "200", "--no-progress", "--log-dir", f"run{seed}"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         for seed in (0, 1)
@@ -308,11 +307,11 @@ def test_train_cli_runs_two_seeds_at_once_on_the_bsuite_id_form_each_with_its_ow
         for proc in procs:
             proc.kill()  # no-op for a finished process; a hung one does not outlive the test
             proc.wait()
-    logs = [_logged(tmp_path / f"run{seed}" / "bsuite", "umbrella_distract/0") for seed in (0, 1)]
+    logs = [_logged(tmp_path / f"run{seed}" / "env_log", "umbrella_distract/0") for seed in (0, 1)]
     assert [rows.episode.iloc[-1] for rows in logs] == [200, 200]
     assert logs[0].total_return.tolist() != logs[1].total_return.tolist()  # two seeds, two streams of episodes
     table = bsuite_score.score_table(bsuite_score.find_log_dirs([tmp_path]), by_run=True)
-    assert [row["run"] for row in table] == [str(tmp_path / "run0" / "bsuite"), str(tmp_path / "run1" / "bsuite")]
+    assert [row["run"] for row in table] == [str(tmp_path / "run0" / "env_log"), str(tmp_path / "run1" / "env_log")]
 
 
 def test_observations_and_rewards_match_shimmys_bsuite_wrapper_step_for_step():

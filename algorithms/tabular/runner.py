@@ -18,10 +18,14 @@ from __future__ import annotations
 import argparse
 import inspect
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 from gymnasium import spaces
+from gymnasium.envs.registration import load_env_creator
 from tqdm.auto import tqdm
 
 from algorithms.common.config import as_plain_dict, build_dataclasses, make_env
@@ -69,11 +73,33 @@ def tabular_spaces(algo: str, env_id: str, env: Any, agent_cls: type[TabularAgen
     return observations, agent_actions
 
 
+def tabular_env_kwargs(env_id: str, env_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """`env_kwargs`, plus `integer_observations=True` for an env whose constructor offers that integer view
+    of its observations (the env contract's tabular view; bsuite's envs) and the user did not set it."""
+    kwargs = dict(env_kwargs)
+    try:
+        creator = load_env_creator(gym.spec(env_id.rpartition(":")[2]).entry_point)
+        offers_view = "integer_observations" in inspect.signature(creator).parameters
+    except (gym.error.Error, TypeError, ValueError, ImportError, AttributeError):
+        offers_view = False  # make_env reports an unknown or broken env in its own words
+    if offers_view:
+        kwargs.setdefault("integer_observations", True)
+    return kwargs
+
+
+def log_env_to_run_dir(env: Any, log_dir: str, env_kwargs: Mapping[str, Any]) -> None:
+    """An env that keeps its own log (bsuite's CSV: `log_to(dir)`) writes it inside the run's log dir, so
+    parallel seeds never share one file; a `log_dir` the user set in env_kwargs wins."""
+    log_to = getattr(env.unwrapped, "log_to", None)
+    if callable(log_to) and "log_dir" not in env_kwargs:
+        log_to(Path(log_dir) / "env_log")
+
+
 def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
     agent_cls, config_cls = _classes(algo)
     run_cfg, agent_cfg = build_dataclasses(mapping, [TabularRunConfig, config_cls], owner=f"algo {algo!r}")
     # bad env_kwargs and spaces the agent cannot take fail here, before the log dir exists
-    env = make_env(env_id, run_cfg.env_kwargs, disable_env_checker=True)
+    env = make_env(env_id, tabular_env_kwargs(env_id, run_cfg.env_kwargs), disable_env_checker=True)
     try:
         tabular_spaces(algo, env_id, env, agent_cls, agent_cfg)
     finally:
@@ -85,7 +111,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
     agent_cls, config_cls = _classes(ctx.algo)
     run_cfg, agent_cfg = build_dataclasses(ctx.hyperparams, [TabularRunConfig, config_cls], owner=f"algo {ctx.algo!r}")
     # The passive env checker only inspects the first reset and step; the env tests run the full checkers.
-    env = make_env(ctx.env_id, run_cfg.env_kwargs, disable_env_checker=True)
+    env = make_env(ctx.env_id, tabular_env_kwargs(ctx.env_id, run_cfg.env_kwargs), disable_env_checker=True)
+    log_env_to_run_dir(env, ctx.log_dir, run_cfg.env_kwargs)
     observations, agent_actions = tabular_spaces(ctx.algo, ctx.env_id, env, agent_cls, agent_cfg)
     flatten, action_start = observations.flatten, int(env.action_space.start)
     names = tuple(getattr(env.unwrapped, "component_names", ()) or ())
