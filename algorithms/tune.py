@@ -308,15 +308,21 @@ def open_study(s: Settings) -> Any:
     """Create or load the study; refuse one created for other settings or another direction. Its sampler is
     seeded with --sampler-seed: a worker loop replaces it with its own (join_study)."""
     optuna = _optuna()
+    sampler = _sampler(s, s.sampler_seed)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=s.startup_trials, n_warmup_steps=s.warmup_steps)
     try:
-        study = optuna.create_study(
-            study_name=s.study_name,
-            storage=storage_of(s.storage),
-            load_if_exists=True,
-            direction=s.objective.direction,
-            sampler=_sampler(s, s.sampler_seed),
-            pruner=optuna.pruners.MedianPruner(n_startup_trials=s.startup_trials, n_warmup_steps=s.warmup_steps),
-        )
+        storage = storage_of(s.storage)  # replays the whole journal
+        try:  # loading first: create_study appends a (refused) creation entry to the journal at every call
+            study = optuna.load_study(study_name=s.study_name, storage=storage, sampler=sampler, pruner=pruner)
+        except KeyError:  # no such study yet (another process may be creating it now: load_if_exists)
+            study = optuna.create_study(
+                study_name=s.study_name,
+                storage=storage,
+                load_if_exists=True,
+                direction=s.objective.direction,
+                sampler=sampler,
+                pruner=pruner,
+            )
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:  # what check_storage missed
         raise _not_a_journal(s.storage, f"cannot be loaded ({type(exc).__name__}: {exc})") from None
     identity = _jsonable(s.identity())
@@ -738,7 +744,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         return _run(args, argv, started)
 
 
-def _run(args: Any, argv: list[str], started: Any) -> dict[str, Any]:
+def _run(args: Any, argv: list[str], started: provenance.Start) -> dict[str, Any]:
     settings, base = resolve_settings(args)
     out = cli.output_dir(settings.out, "--out")
     cli.output_dir(Path(settings.storage).parent, "--storage's directory")
@@ -751,7 +757,12 @@ def _run(args: Any, argv: list[str], started: Any) -> dict[str, Any]:
             p.name: {k: v for k, v in dataclasses.asdict(p).items() if k != "name" and v not in (None, False)}
             for p in settings.params
         },
-        "sampler": {"name": "TPESampler", "n_startup_trials": settings.startup_trials, "seed": settings.sampler_seed},
+        "sampler": {
+            "name": "TPESampler",
+            "n_startup_trials": settings.startup_trials,
+            "seed": settings.sampler_seed,
+            "seed_of_each_worker_loop": "seed + the number of loops that joined the study before it (run.json)",
+        },
         "pruner": {
             "name": "MedianPruner",
             "n_startup_trials": settings.startup_trials,
