@@ -195,8 +195,8 @@ def run_jobs(
 
     try:
         executor.run_jobs(run_seed, todo, workers=workers, finished=finished, backend=backend, address=address)
-    except (KeyboardInterrupt, Stopped) as exc:
-        signame, code = ("SIGINT", 130) if isinstance(exc, KeyboardInterrupt) else (str(exc), exc.exit_code)
+    except executor.STOPS as exc:
+        signame, code = executor.stop_of(exc)
         done = sum(1 for job in jobs if finished_summary(job.log_dir, job.run)[0] is not None)
         raise Stopped(
             f"{signame}: {done} of {len(jobs)} run(s) finished and kept in their log dirs; rerun the same command to continue",

@@ -521,7 +521,7 @@ def worker_loop(s: Settings, quiet: bool = False) -> int:
             outcome = str(exc)
         except BaseException as exc:
             if not isinstance(exc, VcbmGymError) or isinstance(exc, Stopped):
-                # Ctrl-C, SIGTERM (Stopped), or a bug: the trial does not count, the error is not hidden
+                # Ctrl-C, SIGTERM (executor.Terminated), or a bug: the trial does not count, the error is not hidden
                 trial.set_user_attr("failure", f"{type(exc).__name__}: {exc}")
                 with ask_lock(s.storage):
                     discount(study, trial.number)
@@ -560,8 +560,8 @@ def run_workers(s: Settings, workers: int, backend: str, address: str | None) ->
             address=address,
             what="tune --backend ray",
         )
-    except (KeyboardInterrupt, Stopped) as exc:
-        signame, code = ("SIGINT", 130) if isinstance(exc, KeyboardInterrupt) else (str(exc), exc.exit_code)
+    except executor.STOPS as exc:
+        signame, code = executor.stop_of(exc)
         raise Stopped(
             f"{signame}: the study's finished trials are kept in {s.storage!r} (running ones are not counted); "
             "rerun the same command to continue",

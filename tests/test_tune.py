@@ -315,7 +315,7 @@ def test_a_killed_tune_leaves_no_worker_and_sigterm_exits_143_with_one_line(tmp_
     settings, _ = resolve_settings(build_parser().parse_args([*FAST_VCBM, "--trials", "1000", "--out", str(tmp_path / "out")]))
     study = open_study(settings)
     stopped = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
-    assert stopped and all(t.user_attrs["failure"].startswith("Stopped: SIGTERM") for t in stopped)
+    assert stopped and all(t.user_attrs["failure"] == "Terminated: SIGTERM" for t in stopped)
     assert set(study.user_attrs[DISCOUNTED]) == {t.number for t in stopped}  # the stopped trials do not count
 
 

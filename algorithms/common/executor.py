@@ -9,11 +9,12 @@ its failure as one line (`Type: message`); a failed job does not stop the others
 be picklable (a module-level function or a functools.partial of one, dataclasses), as must the results.
 
 Stopping and orphans, written once for every command:
-- inside `sigterm_stops()`, SIGTERM raises Stopped (exit code 143) in the main thread, as Ctrl-C raises
-  KeyboardInterrupt; either stops the jobs in flight (processes: SIGTERM, then SIGKILL after STOP_TIMEOUT_S;
-  Ray tasks: cancelled, forced) before it propagates to the command, which reports it in one line.
+- inside `sigterm_stops()`, SIGTERM raises Terminated in the main thread, as Ctrl-C raises KeyboardInterrupt
+  (both BaseExceptions, which no `except Exception` in library code swallows: tqdm's does); either stops the
+  jobs in flight (processes: SIGTERM, then SIGKILL after STOP_TIMEOUT_S; Ray tasks: cancelled, forced)
+  before it propagates to the command, which reports it in one line (`stop_of`: exit code 130 or 143).
 - a worker process ignores SIGINT (Ctrl-C reaches the whole process group; the command alone decides how to
-  stop) and turns SIGTERM into Stopped, so that the task's `finally` and `except BaseException` blocks run.
+  stop) and turns SIGTERM into Terminated, so that the task's `finally` and `except BaseException` blocks run.
 - a worker process never outlives the process that started it, even one killed by SIGKILL (no handler runs
   there): on Linux the kernel kills the worker when its parent dies (prctl PR_SET_PDEATHSIG), and a watchdog
   thread checks the parent's pid as well (other systems, and a parent that died before the worker set the
@@ -50,20 +51,44 @@ Result = TypeVar("Result")
 Finished = Callable[[Any, Any, "str | None"], None]
 
 
-def _raise_stopped(signum: int, frame: Any) -> None:
-    raise Stopped("SIGTERM", 128 + signal.SIGTERM)
+class Terminated(BaseException):
+    """SIGTERM, raised as KeyboardInterrupt is for SIGINT: a BaseException, so that library code's
+    `except Exception` (tqdm's, around starting its monitor thread) cannot swallow the stop."""
+
+    def __init__(self) -> None:
+        super().__init__("SIGTERM")
+
+
+STOPS = (KeyboardInterrupt, Terminated, Stopped)  # what stops a command, as opposed to what fails a job
+
+
+def stop_of(exc: BaseException) -> tuple[str, int]:
+    """(what stopped the command, its exit code) for one of STOPS."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "SIGINT", 128 + signal.SIGINT
+    if isinstance(exc, Terminated):
+        return "SIGTERM", 128 + signal.SIGTERM
+    assert isinstance(exc, Stopped)
+    return str(exc), exc.exit_code
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated()
 
 
 @contextlib.contextmanager
 def sigterm_stops() -> Iterator[None]:
-    """While inside, SIGTERM raises Stopped("SIGTERM", 143) in the main thread; the previous handler after.
-    Elsewhere than the main thread (where Python cannot set a handler) nothing changes."""
+    """While inside, SIGTERM raises Terminated in the main thread, and a Terminated that leaves the block becomes
+    Stopped("SIGTERM", 143) for cli.main; the previous handler after. Elsewhere than the main thread (where
+    Python cannot set a handler) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
+    except Terminated:
+        raise Stopped("SIGTERM", 128 + signal.SIGTERM) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -106,7 +131,7 @@ def _process_main(task: Callable[[Any], Any], job: Any, conn: Connection, parent
     """A worker process: one job, its result (or its failure as one line) sent back to the parent."""
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _raise_stopped)
+    signal.signal(signal.SIGTERM, _raise_terminated)
     # tqdm's default lock is a multiprocessing semaphore: a worker stopped by SIGTERM would leave it to the
     # resource tracker, which then prints a warning after the command's one line
     from tqdm.auto import tqdm
@@ -150,7 +175,7 @@ def run_jobs(
 
 
 def _run_here(task: Callable[[Any], Any], jobs: Sequence[Any], finished: Finished) -> None:
-    """Every job in this process, for tests and debugging; a stop (Ctrl-C, Stopped) propagates at once."""
+    """Every job in this process, for tests and debugging; a stop (one of STOPS) propagates at once."""
     single_threaded()
     for job in jobs:
         try:
