@@ -36,7 +36,7 @@ from typing import Any
 from algorithms.common.errors import VcbmGymError
 
 INSTALL_HINT = 'pip install -e ".[distributed]"'
-ADDRESS_TIMEOUT_S = 10.0
+ADDRESS_TIMEOUT_S = 5.0  # a cluster head answers in milliseconds; the command has 30 s to say it does not
 
 
 def require_ray(what: str) -> Any:

@@ -263,6 +263,18 @@ def _ray_task(task: Callable[[Any], Any], job: Any, driver_node: str | None) -> 
     return task(job)
 
 
+@contextlib.contextmanager
+def _stops_unwrapped() -> Iterator[None]:
+    """Ray's Cython wait and get run the signal handlers, and wrap the Terminated that ours raises into a
+    SystemError ('returned a result with an exception set'): the stop is raised as itself."""
+    try:
+        yield
+    except SystemError as exc:
+        if isinstance(exc.__cause__, STOPS):
+            raise exc.__cause__ from None
+        raise
+
+
 def _run_on_ray(
     task: Callable[[Any], Any], jobs: Sequence[Any], workers: int, finished: Finished, address: str | None, what: str
 ) -> None:
@@ -279,11 +291,13 @@ def _run_on_ray(
                 while queue and len(in_flight) < workers:
                     job = queue.popleft()
                     in_flight[remote.remote(task, job, driver)] = job
-                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
+                with _stops_unwrapped():
+                    ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
                 for ref in ready:
                     job = in_flight.pop(ref)
                     try:
-                        result = ray.get(ref)
+                        with _stops_unwrapped():
+                            result = ray.get(ref)
                     except Exception as exc:  # the task failed on its worker: report it, keep the others going
                         finished(job, None, failure_line(exc))
                         continue
