@@ -166,7 +166,7 @@ def test_sigterm_stops_compare_on_ray_as_on_processes_and_its_local_ray_with_it(
             process.kill()
     assert process.returncode == 128 + signal.SIGTERM, err
     lines = [line for line in err.strip().splitlines() if line.strip()]
-    assert lines[-1].startswith("stopped: SIGTERM: ") and "run(s) finished" in lines[-1], err
+    assert len(lines) == 1 and lines[0].startswith("stopped: SIGTERM: ") and "run(s) finished" in lines[0], err
     assert not wait_gone(ray_processes)
 
 
