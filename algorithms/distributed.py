@@ -6,8 +6,11 @@ With no address a local Ray instance is started for the command (`--workers` CPU
 with `--address` (e.g. `auto` on a node of a cluster started with `ray start`, `HOST:PORT` of its head, or
 `ray://HEAD:10001`) the tasks go to that cluster, whose nodes need this project installed as on the driver.
 An address whose port does not answer within ADDRESS_TIMEOUT_S is one line (ray.init would retry for
-minutes). ray.init installs its own SIGTERM handler: the command's is put back, so SIGTERM stops a command
-on Ray as it stops one on local processes (exit code 143, one line).
+minutes). A local instance goes with the command even when the command is killed by SIGKILL: GCS, raylet and
+the workers die with it by themselves, but Ray's dashboard and runtime-env agents would wait minutes for the
+dead GCS, so a reaper process (Linux) kills whatever ray.init started once the command is gone. ray.init
+installs its own SIGTERM handler: the command's is put back, so SIGTERM stops a command on Ray as it stops
+one on local processes (exit code 143, one line).
 
 A compare task is one `algorithms.train` run, exactly as the process backend runs it (same argv, so the
 same seed and config hash, the same summary.json and the same results.json). Where the task runs on
@@ -25,11 +28,12 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tarfile
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +50,61 @@ def require_ray(what: str) -> Any:
     except ImportError:
         raise VcbmGymError(f"{what} needs Ray, which is not installed: expected the distributed extra ({INSTALL_HINT})") from None
     return ray
+
+
+REAPER = """
+import os, signal, sys
+watched = [line.split() for line in sys.stdin]  # until EOF: the command has stopped Ray, or it died
+for pid, start in watched:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            if stat.read().rsplit(")", 1)[1].split()[19] == start:  # the same process, not a reused pid
+                os.kill(int(pid), signal.SIGKILL)
+    except (OSError, IndexError):
+        pass
+"""
+
+
+def _descendants() -> dict[int, str]:
+    """This process's descendants and their start times (from /proc; empty where there is none)."""
+    parents, starts = {}, {}
+    for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else ():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            parents[int(entry.name)], starts[int(entry.name)] = int(fields[1]), fields[19]
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return {pid: starts[pid] for pid in found}
+
+
+@contextlib.contextmanager
+def _reaper() -> Iterator[Callable[[], None]]:
+    """Yields `note()`: the processes started between entering the block and calling it are SIGKILLed by a
+    reaper process once this process has left the block or died (however: SIGKILL included)."""
+    if not Path("/proc/self/stat").exists():
+        yield lambda: None
+        return
+    before = set(_descendants())
+    reaper = subprocess.Popen([sys.executable, "-c", REAPER], stdin=subprocess.PIPE, text=True, start_new_session=True)
+    assert reaper.stdin is not None
+
+    def note() -> None:
+        started = {pid: start for pid, start in _descendants().items() if pid not in before and pid != reaper.pid}
+        with contextlib.suppress(OSError):
+            reaper.stdin.write("".join(f"{pid} {start}\n" for pid, start in started.items()))
+            reaper.stdin.flush()
+
+    try:
+        yield note
+    finally:
+        with contextlib.suppress(OSError):
+            reaper.stdin.close()  # EOF: the reaper kills what is left, then exits
+        reaper.wait()
 
 
 def check_address(address: str | None, what: str) -> None:
@@ -81,26 +140,28 @@ def ray_session(address: str | None, num_cpus: int, what: str) -> Iterator[Any]:
         kwargs.update(num_cpus=num_cpus, runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
     main_thread = threading.current_thread() is threading.main_thread()
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
-    try:
+    with _reaper() if address is None else contextlib.nullcontext(lambda: None) as note_started:
         try:
-            ray.init(address=address, **kwargs)
-        finally:  # Ray's SIGTERM handler would exit with 15, bypassing the command's stop (143, one line)
-            for signum, handler in handlers.items():
-                if handler is not None:
-                    signal.signal(signum, handler)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        ray.shutdown()
-        raise VcbmGymError(
-            f"{what}: cannot connect to Ray at --address {address!r} ({exc}); expected a running "
-            "cluster (ray start --head) or no --address for a local instance"
-        ) from None
-    except BaseException:  # stopped while Ray was starting: what it started so far stops with it
-        ray.shutdown()
-        raise
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+            try:
+                ray.init(address=address, **kwargs)
+            finally:
+                note_started()  # a local instance's processes, known to the reaper from now on
+                for signum, handler in handlers.items():  # Ray's SIGTERM handler would exit with 15, bypassing
+                    if handler is not None:  # the command's stop (143, one line)
+                        signal.signal(signum, handler)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            ray.shutdown()
+            raise VcbmGymError(
+                f"{what}: cannot connect to Ray at --address {address!r} ({exc}); expected a running "
+                "cluster (ray start --head) or no --address for a local instance"
+            ) from None
+        except BaseException:  # stopped while Ray was starting: what it started so far stops with it
+            ray.shutdown()
+            raise
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
 
 
 def pack_dir(path: Path) -> bytes:
