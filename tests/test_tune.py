@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -319,9 +320,25 @@ def test_a_killed_tune_leaves_no_worker_and_sigterm_exits_143_with_one_line(tmp_
     assert set(study.user_attrs[DISCOUNTED]) == {t.number for t in stopped}  # the stopped trials do not count
 
 
+def _has_open(pid: int, path: Path) -> bool:
+    try:
+        return any(os.path.realpath(fd) == os.path.realpath(path) for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="reads open files from /proc")
 def test_two_tune_processes_started_with_the_same_command_propose_distinct_trials(tmp_path):
     """Before, both seeded TPE with --sampler-seed: the second process proposed the first one's trials again."""
-    processes = [_tune_process(tmp_path, "--trials", "6") for _ in range(2)]
+    ask_lock = tmp_path / "out" / "study.journal.ask-lock"
+    ask_lock.parent.mkdir()
+    with open(ask_lock, "a") as held:  # both processes wait for the ask lock: both take part from the start
+        fcntl.flock(held, fcntl.LOCK_EX)
+        processes = [_tune_process(tmp_path, "--trials", "6") for _ in range(2)]
+        deadline = time.monotonic() + 300
+        while not all(_has_open(p.pid, ask_lock) for p in processes) and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in processes), [p.communicate() for p in processes]
+            time.sleep(0.05)
     outputs = [p.communicate(timeout=600) for p in processes]
     for process, (_, stderr) in zip(processes, outputs):
         assert process.returncode == 0, stderr
