@@ -1,13 +1,12 @@
 """`python -m algorithms.compare --env WatchRepair-v0 --algos vcbm rudder --seeds 20 --out DIR`: Table II and Figure 1.
 
-Runs every (algo, seed) through `algorithms.train.run`, each in its own process (`--backend process`) or as
-a Ray task on a local Ray instance or an existing cluster (`--backend ray [--address ADDR]`,
-algorithms.distributed), one log dir per run (`DIR/<algo>/seed<k>/`, where train writes summary.json,
-config.yml and TensorBoard events), then writes `DIR/results.json`, `DIR/table.md` (Table II of the VCBM
-paper, arXiv:2610.24032), `DIR/figure.png` (Figure 1), `DIR/curves.png` / `.svg` (the correct-decision rate
-across seeds, algorithms.plot) and `DIR/run.json` (the command, commit, wall time, backend and resolved
-configs), and
-prints the table.
+Runs every (algo, seed) through `algorithms.train.run` with the executor (algorithms.common.executor), each
+in its own process (`--backend process`) or as a Ray task on a local Ray instance or an existing cluster
+(`--backend ray [--address ADDR]`, algorithms.distributed), one log dir per run (`DIR/<algo>/seed<k>/`,
+where train writes summary.json, config.yml and TensorBoard events), then writes `DIR/results.json`,
+`DIR/table.md` (Table II of the VCBM paper, arXiv:2610.24032), `DIR/figure.png` (Figure 1), `DIR/curves.png` /
+`.svg` (the correct-decision rate across seeds, algorithms.plot) and `DIR/run.json` (the command, commit, wall
+time, backend and resolved configs), and prints the table.
 
 Statistics (algorithms.stats): per method the range, mean +- std and median of the paper's table, and the
 median, interquartile mean and mean with percentile-bootstrap 95% CIs (scipy.stats.bootstrap, seeds
@@ -22,9 +21,11 @@ the reason printed. So a killed comparison rerun with the same arguments compute
 seeds and ends with the same results.json (which holds no wall times for that reason: they go to
 run.json), and an edited zoo config or request never reuses a stale result.
 
-Stopping: Ctrl-C or SIGTERM stops the workers within seconds, keeps every finished seed and exits
-with 130 or 143; a worker exits by itself when compare dies (even by SIGKILL). A lock file
-(DIR/.compare.lock) keeps a second compare out of the same --out.
+Stopping (the executor's, the same on either backend): Ctrl-C or SIGTERM stops the workers within seconds,
+keeps every finished seed and exits with 130 or 143; a worker process exits by itself when compare dies
+(even by SIGKILL), and so does a local Ray instance that compare started. A lock file (DIR/.compare.lock)
+keeps a second compare out of the same --out. Every argument (the algos and their configs, the env's
+criterion) is checked before --out is created or written.
 
 Non-converged runs (the episode cap ended them) are counted and flagged; they enter every statistic
 (range, mean, median, IQM, their CIs, the probability of improvement, Mann-Whitney) with their episode
@@ -47,21 +48,16 @@ import dataclasses
 import fcntl
 import itertools
 import os
-import signal
 import sys
-import threading
-import time
-from collections import deque
 from dataclasses import dataclass
-from multiprocessing import get_context
-from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from algorithms.common import cli, convergence, provenance
+from algorithms.common import cli, convergence, executor, provenance
 from algorithms.common.errors import Stopped, VcbmGymError
+from algorithms.distributed import pack_dir, unpack_dir
 from algorithms.registry import ALGOS, get_algo
 from algorithms.stats import (
     aggregate_estimates,
@@ -76,8 +72,7 @@ from algorithms.train import ResolvedRun, finished_summary, resolve_argv
 EPISODE_RUNNERS = ("algorithms.tabular.runner", "algorithms.sb3.runner")  # runners with the convergence criterion
 MAX_SEEDS = 10_000  # per algo; more is a typo (and would not fit in memory as jobs)
 MAX_WORKERS = 256
-STOP_TIMEOUT_S = 5.0
-BACKENDS = ("process", "ray")
+BACKENDS = executor.BACKENDS
 CENSORED = (
     "runs that hit the episode cap enter every statistic (range, mean, median, IQM, their bootstrap CIs, the "
     "probability of improvement and Mann-Whitney) with their episode count at the cap, a lower bound of their "
@@ -109,6 +104,7 @@ def make_jobs(args: argparse.Namespace) -> list[Job]:
     """One job per (algo, seed), each resolved as train would resolve it (bad settings fail here,
     before any run starts). The config is resolved once per algo; only the seed differs."""
     jobs = []
+    out = Path(args.out).resolve()  # absolute: a Ray task's working directory is not compare's
     for label in args.algos:
 
         def argv_of(seed: int, log_dir: Path, label: str = label) -> list[str]:
@@ -119,11 +115,11 @@ def make_jobs(args: argparse.Namespace) -> list[Job]:
 
         first = args.seed_start
         try:
-            template = resolve_argv(argv_of(first, Path(args.out)))
+            template = resolve_argv(argv_of(first, out))
         except VcbmGymError as exc:
             raise VcbmGymError(f"{label}: {exc}") from None
         for seed in range(first, first + args.seeds):
-            log_dir = Path(args.out) / label / f"seed{seed}"
+            log_dir = out / label / f"seed{seed}"
             jobs.append(Job(label, seed, log_dir, tuple(argv_of(seed, log_dir)), dataclasses.replace(template, seed=seed)))
     return jobs
 
@@ -150,63 +146,14 @@ def require_criterion(env_id: str, jobs: list[Job]) -> None:
             convergence.require_criterion(env_id, env_kwargs, NEEDS)
 
 
-def _init_worker() -> None:
-    """The seeds are the parallelism; BLAS/OpenMP threads would only contend. Set through the
-    environment so that torch is imported only by the runs that use it."""
-    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ.setdefault(name, "1")
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)
-
-
-def _exit_with_parent(parent_pid: int) -> None:
-    """A worker whose compare died (SIGKILL included: no handler runs there) is reparented;
-    it notices within a fraction of a second and exits instead of writing into --out for nothing."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.2)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
-
-
-def _worker(argv: Sequence[str], conn: Connection, parent_pid: int) -> None:
-    """One run in its own process; failures go back to the parent as one line."""
-    _exit_with_parent(parent_pid)
-    # Ctrl-C in a terminal reaches the whole process group: compare alone decides how to stop
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # tqdm's default lock is a multiprocessing semaphore: a worker stopped by SIGTERM would leave it
-    # to the resource tracker, which then prints a warning after compare's one line
-    tqdm.set_lock(threading.RLock())
-    _init_worker()
-    try:
-        _run_job(argv)
-    except BaseException as exc:  # reported by the parent, which keeps the other seeds going
-        conn.send(f"{type(exc).__name__}: {exc}")
-        conn.close()
-        sys.exit(1)
-
-
-def _run_job(argv: Sequence[str]) -> dict[str, Any]:
+def run_seed(job: Job) -> bytes | None:
+    """One job of the executor: train the seed into its log dir (compare owns DIR/<algo>/seed<k>: a stale run
+    there is replaced). A Ray task on another node than compare returns the log dir packed, for compare
+    to unpack into --out (algorithms.distributed)."""
     from algorithms.train import run
 
-    return run([*argv, "--overwrite"])  # compare owns DIR/<algo>/seed<k>: a stale run there is replaced
-
-
-def _stop_processes(running: dict[Any, Any]) -> None:
-    for process in running:
-        process.terminate()
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    for process in running:
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join()
-
-
-def _stop_on_sigterm(signum: int, frame: Any) -> None:
-    raise Stopped("SIGTERM", 128 + signal.SIGTERM)
+    run([*job.argv, "--overwrite"])
+    return pack_dir(job.log_dir) if executor.on_remote_node() else None
 
 
 def run_jobs(
@@ -234,8 +181,10 @@ def run_jobs(
     bar = tqdm(total=len(todo), desc="runs", unit="run", disable=not progress)
     failures: list[str] = []
 
-    def finished(job: Job, error: str | None) -> None:
+    def finished(job: Job, packed: bytes | None, error: str | None) -> None:
         """One job ended: keep its summary, or its failure for the report at the end."""
+        if packed is not None:
+            unpack_dir(packed, job.log_dir)
         summary, why = finished_summary(job.log_dir, job.run) if error is None else (None, error)
         if summary is None:  # keep the other seeds going; report at the end
             failures.append(f"{job.label} seed {job.seed}: {why}")
@@ -245,14 +194,9 @@ def run_jobs(
         bar.set_postfix_str(f"{job.label} seed {job.seed}")
 
     try:
-        if backend == "ray":
-            from algorithms.distributed import run_jobs_on_ray
-
-            run_jobs_on_ray(todo, workers, address, finished)
-        else:
-            _run_processes(todo, workers, finished)
-    except (KeyboardInterrupt, Stopped) as exc:
-        signame, code = ("SIGINT", 130) if isinstance(exc, KeyboardInterrupt) else (str(exc), exc.exit_code)
+        executor.run_jobs(run_seed, todo, workers=workers, finished=finished, backend=backend, address=address)
+    except executor.STOPS as exc:
+        signame, code = executor.stop_of(exc)
         done = sum(1 for job in jobs if finished_summary(job.log_dir, job.run)[0] is not None)
         raise Stopped(
             f"{signame}: {done} of {len(jobs)} run(s) finished and kept in their log dirs; rerun the same command to continue",
@@ -263,42 +207,6 @@ def run_jobs(
     if failures:
         raise VcbmGymError(f"{len(failures)} run(s) failed (finished ones are kept in their log dirs): " + "; ".join(failures))
     return summaries
-
-
-def _run_processes(todo: list[Job], workers: int, finished: Any) -> None:
-    """One spawned process per job, at most `workers` at once (0: every job in this process)."""
-    if workers == 0:  # in this process: for tests and debugging
-        _init_worker()
-        for job in todo:
-            _run_job(job.argv)
-            finished(job, None)
-        return
-    context = get_context("spawn")
-    running: dict[Any, tuple[Job, Connection]] = {}
-    queue = deque(todo)
-    try:
-        while queue or running:
-            while queue and len(running) < workers:
-                job = queue.popleft()
-                receive, send = context.Pipe(duplex=False)
-                process = context.Process(
-                    target=_worker, args=(job.argv, send, os.getpid()), daemon=True, name=f"{job.label}-seed{job.seed}"
-                )
-                process.start()
-                send.close()
-                running[process] = (job, receive)
-            ready = wait([p.sentinel for p in running], timeout=1.0)
-            for process in [p for p in running if p.sentinel in ready]:
-                job, receive = running.pop(process)
-                process.join()
-                try:
-                    message = receive.recv() if receive.poll() else f"exit code {process.exitcode}"
-                except EOFError:  # the worker closed its end without a message
-                    message = f"exit code {process.exitcode}"
-                receive.close()
-                finished(job, None if process.exitcode == 0 else message)
-    finally:
-        _stop_processes(running)
 
 
 def aggregate(args: argparse.Namespace, jobs: list[Job], summaries: dict[Job, dict[str, Any]]) -> dict[str, Any]:
@@ -530,18 +438,18 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.backend == "ray":
         if args.workers < 1:
             raise VcbmGymError(f"--workers {args.workers} with --backend ray: expected an integer >= 1 (tasks in flight)")
-        from algorithms.distributed import require_ray
+        from algorithms.distributed import check_address, require_ray
 
         require_ray("--backend ray")
+        check_address(args.address, "--backend ray")
     elif args.address is not None:
         raise VcbmGymError(f"--address {args.address!r} with --backend {args.backend}: expected --backend ray")
-    out = cli.output_dir(args.out, "--out")
     started = provenance.start()
-    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm) if threading.current_thread() is threading.main_thread() else None
-    try:
+    with executor.sigterm_stops():
+        jobs = make_jobs(args)  # every algo and config, then the env's criterion: before --out is written
+        require_criterion(args.env, jobs)
+        out = cli.output_dir(args.out, "--out")
         with locked(out):
-            jobs = make_jobs(args)
-            require_criterion(args.env, jobs)
             reused = sum(1 for job in jobs if finished_summary(job.log_dir, job.run)[0] is not None)
             summaries = run_jobs(jobs, args.workers, progress=not args.no_progress, backend=args.backend, address=args.address)
             results = aggregate(args, jobs, summaries)
@@ -582,9 +490,6 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
                     for label in args.algos
                 },
             )
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
     print(table)
     return results
 

@@ -1,16 +1,23 @@
-"""Seeds (and tuning workers) as Ray tasks: `compare --backend ray [--address ADDR]`, `tune --backend ray`.
+"""Ray for the executor's `ray` backend (algorithms.common.executor): `compare --backend ray [--address ADDR]`,
+`tune --backend ray`. The executor schedules the tasks; here are the Ray session and the packing of log dirs.
 
 Ray is an optional extra (`pip install -e ".[distributed]"`); without it these backends are one clear error.
 With no address a local Ray instance is started for the command (`--workers` CPUs) and stopped after it;
-with `--address` (e.g. `auto` on a node of a cluster started with `ray start`, or `ray://HEAD:10001`) the
-tasks go to that cluster, whose nodes need this project installed as on the driver.
+with `--address` (e.g. `auto` on a node of a cluster started with `ray start`, `HOST:PORT` of its head, or
+`ray://HEAD:10001`) the tasks go to that cluster, whose nodes need this project installed as on the driver.
+An address whose port does not answer within ADDRESS_TIMEOUT_S is one line (ray.init would retry for
+minutes). A local instance goes with the command even when the command is killed by SIGKILL: GCS, raylet and
+the workers die with it by themselves, but Ray's dashboard and runtime-env agents would wait minutes for the
+dead GCS, so a reaper process (Linux) kills whatever ray.init started once the command is gone. ray.init
+installs its own SIGTERM handler: the command's is put back, so SIGTERM stops a command on Ray as it stops
+one on local processes (exit code 143, one line).
 
 A compare task is one `algorithms.train` run, exactly as the process backend runs it (same argv, so the
 same seed and config hash, the same summary.json and the same results.json). Where the task runs on
-another node than compare, its log dir is written there under the same path, then packed and returned
-to compare, which unpacks it into --out: --out needs no shared filesystem. A tune task runs a tuning
-worker loop against the study's journal file (`algorithms.tune`), which must then be on a filesystem
-that every node sees (as Optuna's JournalFileBackend requires of several machines).
+another node than compare, its log dir is written there under the same path, then packed (`pack_dir`) and
+returned to compare, which unpacks it (`unpack_dir`) into --out: --out needs no shared filesystem. A tune
+task runs a tuning worker loop against the study's journal file (`algorithms.tune`), which must then be on a
+filesystem that every node sees (as Optuna's JournalFileBackend requires of several machines).
 """
 
 from __future__ import annotations
@@ -19,9 +26,13 @@ import contextlib
 import io
 import os
 import shutil
+import signal
+import socket
+import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +40,7 @@ from typing import Any
 from algorithms.common.errors import VcbmGymError
 
 INSTALL_HINT = 'pip install -e ".[distributed]"'
+ADDRESS_TIMEOUT_S = 5.0  # a cluster head answers in milliseconds; the command has 30 s to say it does not
 
 
 def require_ray(what: str) -> Any:
@@ -40,6 +52,79 @@ def require_ray(what: str) -> Any:
     return ray
 
 
+REAPER = """
+import os, signal, sys
+watched = [line.split() for line in sys.stdin]  # until EOF: the command has stopped Ray, or it died
+for pid, start in watched:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            if stat.read().rsplit(")", 1)[1].split()[19] == start:  # the same process, not a reused pid
+                os.kill(int(pid), signal.SIGKILL)
+    except (OSError, IndexError):
+        pass
+"""
+
+
+def _descendants() -> dict[int, str]:
+    """This process's descendants and their start times (from /proc; empty where there is none)."""
+    parents, starts = {}, {}
+    for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else ():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            parents[int(entry.name)], starts[int(entry.name)] = int(fields[1]), fields[19]
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return {pid: starts[pid] for pid in found}
+
+
+@contextlib.contextmanager
+def _reaper() -> Iterator[Callable[[], None]]:
+    """Yields `note()`: the processes started between entering the block and calling it are SIGKILLed by a
+    reaper process once this process has left the block or died (however: SIGKILL included)."""
+    if not Path("/proc/self/stat").exists():
+        yield lambda: None
+        return
+    before = set(_descendants())
+    reaper = subprocess.Popen([sys.executable, "-c", REAPER], stdin=subprocess.PIPE, text=True, start_new_session=True)
+    assert reaper.stdin is not None
+
+    def note() -> None:
+        started = {pid: start for pid, start in _descendants().items() if pid not in before and pid != reaper.pid}
+        with contextlib.suppress(OSError):
+            reaper.stdin.write("".join(f"{pid} {start}\n" for pid, start in started.items()))
+            reaper.stdin.flush()
+
+    try:
+        yield note
+    finally:
+        with contextlib.suppress(OSError):
+            reaper.stdin.close()  # EOF: the reaper kills what is left, then exits
+        reaper.wait()
+
+
+def check_address(address: str | None, what: str) -> None:
+    """One line, within ADDRESS_TIMEOUT_S, for an --address whose port does not answer (`auto` and no
+    address are left to Ray, which answers at once)."""
+    if address is None or address == "auto":
+        return
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not host or not port.isdigit():
+        raise VcbmGymError(f"{what}: --address {address!r}: expected auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=ADDRESS_TIMEOUT_S).close()
+    except OSError as exc:
+        reason = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise VcbmGymError(
+            f"{what}: cannot reach Ray at --address {address!r} ({reason} within {ADDRESS_TIMEOUT_S:g} s); "
+            "expected a running cluster (ray start --head) or no --address for a local instance"
+        ) from None
+
+
 @contextlib.contextmanager
 def ray_session(address: str | None, num_cpus: int, what: str) -> Iterator[Any]:
     """Connect to `address`, or start a local Ray instance with `num_cpus` CPUs; stop only what was started here.
@@ -48,21 +133,35 @@ def ray_session(address: str | None, num_cpus: int, what: str) -> Iterator[Any]:
     if ray.is_initialized():
         yield ray
         return
+    check_address(address, what)
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
     if address is None:
         # a local instance's workers import this project from where this process does
         kwargs.update(num_cpus=num_cpus, runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
-    try:
-        ray.init(address=address, **kwargs)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise VcbmGymError(
-            f"{what}: cannot connect to Ray at --address {address!r} ({exc}); expected a running "
-            "cluster (ray start --head) or no --address for a local instance"
-        ) from None
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    main_thread = threading.current_thread() is threading.main_thread()
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)} if main_thread else {}
+    with _reaper() if address is None else contextlib.nullcontext(lambda: None) as note_started:
+        try:
+            try:
+                ray.init(address=address, **kwargs)
+            finally:
+                note_started()  # a local instance's processes, known to the reaper from now on
+                for signum, handler in handlers.items():  # Ray's SIGTERM handler would exit with 15, bypassing
+                    if handler is not None:  # the command's stop (143, one line)
+                        signal.signal(signum, handler)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            ray.shutdown()
+            raise VcbmGymError(
+                f"{what}: cannot connect to Ray at --address {address!r} ({exc}); expected a running "
+                "cluster (ray start --head) or no --address for a local instance"
+            ) from None
+        except BaseException:  # stopped while Ray was starting: what it started so far stops with it
+            ray.shutdown()
+            raise
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
 
 
 def pack_dir(path: Path) -> bytes:
@@ -87,61 +186,11 @@ def unpack_dir(data: bytes, path: Path) -> None:
         raise
 
 
-def compare_task(argv: list[str], log_dir: str, driver_node: str | None) -> bytes | None:
-    """One compare run as a Ray task: train it; return its packed log dir when compare is on another node."""
-    from algorithms.compare import _init_worker, _run_job
-
-    _init_worker()
-    _run_job(argv)
-    here = _node_id()
-    return None if driver_node is not None and here == driver_node else pack_dir(Path(log_dir))
-
-
-def _node_id() -> str | None:
+def node_id() -> str | None:
+    """The Ray node this process runs on; None outside Ray."""
     try:
         import ray
 
         return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
     except Exception:  # outside Ray (a direct call in a test): no node
         return None
-
-
-def run_jobs_on_ray(todo: list[Any], workers: int, address: str | None, finished: Callable[[Any, str | None], None]) -> None:
-    """Run compare's jobs as Ray tasks, at most `workers` in flight; `finished(job, error or None)` for each.
-    Ctrl-C or SIGTERM cancels the tasks in flight (forced) before the stop propagates."""
-    if not todo:
-        return
-    with ray_session(address, workers, "--backend ray") as ray:
-        task = ray.remote(num_cpus=1, max_retries=0)(compare_task)
-        driver = _node_id()
-        queue = list(todo)
-        in_flight: dict[Any, Any] = {}
-        try:
-            while queue or in_flight:
-                while queue and len(in_flight) < workers:
-                    job = queue.pop(0)
-                    log_dir = str(Path(job.log_dir).resolve())
-                    argv = _absolute_log_dir(list(job.argv), log_dir)
-                    in_flight[task.remote(argv, log_dir, driver)] = job
-                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
-                for ref in ready:
-                    job = in_flight.pop(ref)
-                    try:
-                        packed = ray.get(ref)
-                    except Exception as exc:  # the run failed on its worker: report it, keep the others going
-                        cause = getattr(exc, "cause", None) or exc
-                        last_line = str(cause).strip().splitlines()[-1] if str(cause).strip() else ""
-                        finished(job, f"{type(cause).__name__}: {last_line}")
-                        continue
-                    if packed is not None:
-                        unpack_dir(packed, Path(job.log_dir))
-                    finished(job, None)
-        finally:
-            for ref in in_flight:
-                ray.cancel(ref, force=True)
-
-
-def _absolute_log_dir(argv: list[str], log_dir: str) -> list[str]:
-    """A Ray worker's working directory is not compare's: its --log-dir is made absolute."""
-    index = argv.index("--log-dir")
-    return [*argv[: index + 1], log_dir, *argv[index + 2 :]]

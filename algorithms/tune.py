@@ -22,8 +22,18 @@ The study lives in a journal file (--storage, default OUT/study.journal; Optuna'
 several tune processes, on one machine or on several that share the file's filesystem, fill one study:
 start the same command more than once. --trials counts the whole study's trials, whoever ran them (asking
 for a trial holds a lock beside the journal, so the total is exact); a trial whose process died (same
-host) is marked failed and not counted. --workers W runs W worker processes here; --backend ray runs
-them as Ray tasks (a local Ray instance, or --address), which share the study through the same file.
+host) is marked failed and not counted. --workers W runs W worker loops with the executor
+(algorithms.common.executor): W processes here, or W Ray tasks with --backend ray (a local Ray instance, or
+--address), which share the study through the same file. Every worker loop that joins the study gets its own
+TPE seed, --sampler-seed + the number of loops that joined before it (recorded in the study and in
+run.json): the first loop of a study proposes what a single-process tune with that seed proposes, and two
+processes started with the same command do not propose the same trials.
+
+Stopping: Ctrl-C or SIGTERM stops the worker loops (their running trials are marked failed and not counted)
+and exits with 130 or 143 and one `stopped:` line; a worker process exits by itself when tune dies (even by
+SIGKILL), and its running trial is then failed and discounted by the next process that asks for a trial.
+Every argument, the --storage file (a directory, a file that is not an Optuna journal, or a journal cut
+mid-line by a writer that died are one line) and the study's settings are checked before anything is written.
 
 Writes into OUT: tune_config.yml (the resolved settings: search space, objective, sampler, pruner, the base
 hyperparameters), trials.json (every trial: state, value, params, per-seed values), best.yml (the best
@@ -38,29 +48,31 @@ import contextlib
 import copy
 import dataclasses
 import fcntl
+import functools
+import json
 import math
 import os
 import socket
 import sys
 import time
 import warnings
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
 
-from algorithms.common import cli, convergence, provenance
+from algorithms.common import cli, convergence, executor, provenance
 from algorithms.common.config import ZOO_CONFIG_DIR, parse_overrides, read_yaml
 from algorithms.common.errors import ConfigError, Stopped, VcbmGymError
 from algorithms.registry import get_algo
 
 SEARCH_SPACES = ZOO_CONFIG_DIR / "search_spaces.yml"
 KINDS = ("float", "int", "categorical")
-BACKENDS = ("process", "ray")
+BACKENDS = executor.BACKENDS
 ARMS = {"algorithms.tabular.runner": "tabular", "algorithms.sb3.runner": "sb3", "algorithms.llm.runner": "llm"}
 BUDGET_KEYS = ("max_episodes", "iterations", "seed")  # the budget and the seeds are tune's, not searched
 DISCOUNTED = "discounted_trials"  # study user attr: trials cut short by a dead or stopped process
+SAMPLERS = "sampler_seeds"  # study user attr: the TPE seed of every worker loop that joined, in order
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,18 +262,69 @@ def storage_of(path: str) -> Any:
     return optuna.storages.JournalStorage(JournalFileBackend(path))
 
 
-def open_study(s: Settings, worker: int = 0) -> Any:
-    """Create or load the study; refuse one created for other settings or another direction."""
+def _not_a_journal(path: str, why: str) -> VcbmGymError:
+    return VcbmGymError(f"--storage {path!r} {why}: expected an Optuna journal file (or a new path)")
+
+
+def check_storage(path: str) -> None:
+    """One line for a --storage that Optuna would fail on with a traceback, or would damage: a directory, a
+    file that is not a journal (one JSON object per line), a journal cut mid-line (its writer died in the
+    middle of a write; Optuna would append the next entry to the cut line, and the journal would no longer
+    load). The file is read under Optuna's own lock, so that a line another process is writing is not taken
+    for a cut one."""
+    from optuna.storages.journal import JournalFileSymlinkLock
+
+    if not os.path.lexists(path):
+        return
+    if not os.path.isfile(path):
+        raise _not_a_journal(path, "is a directory" if os.path.isdir(path) else "is not a regular file")
+    lock = JournalFileSymlinkLock(path)
+    try:
+        lock.acquire()
+        try:
+            data = Path(path).read_bytes()
+        finally:
+            lock.release()
+    except OSError as exc:
+        raise _not_a_journal(path, f"cannot be read ({exc.strerror or exc})") from None
+    if data and not data.endswith(b"\n"):
+        raise _not_a_journal(
+            path, "ends in the middle of a line (a process died while writing it; remove that last partial line)"
+        )
+    for number, line in enumerate(data.splitlines(), 1):
+        try:
+            entry = json.loads(line)
+        except ValueError:  # UnicodeDecodeError too
+            entry = None
+        if not isinstance(entry, dict) or "op_code" not in entry:
+            raise _not_a_journal(path, f"line {number} is not an Optuna journal entry")
+
+
+def _sampler(s: Settings, seed: int | None) -> Any:
+    return _optuna().samplers.TPESampler(n_startup_trials=s.startup_trials, seed=seed)
+
+
+def open_study(s: Settings) -> Any:
+    """Create or load the study; refuse one created for other settings or another direction. Its sampler is
+    seeded with --sampler-seed: a worker loop replaces it with its own (join_study)."""
     optuna = _optuna()
-    seed = None if s.sampler_seed is None else s.sampler_seed + worker  # parallel workers must not propose alike
-    study = optuna.create_study(
-        study_name=s.study_name,
-        storage=storage_of(s.storage),
-        load_if_exists=True,
-        direction=s.objective.direction,
-        sampler=optuna.samplers.TPESampler(n_startup_trials=s.startup_trials, seed=seed),
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=s.startup_trials, n_warmup_steps=s.warmup_steps),
-    )
+    sampler = _sampler(s, s.sampler_seed)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=s.startup_trials, n_warmup_steps=s.warmup_steps)
+    try:
+        storage = storage_of(s.storage)  # replays the whole journal
+        try:  # loading first: create_study appends a (refused) creation entry to the journal at every call
+            study = optuna.load_study(study_name=s.study_name, storage=storage, sampler=sampler, pruner=pruner)
+        except KeyError:  # no such study yet (another process may be creating it now: load_if_exists)
+            study = optuna.create_study(
+                study_name=s.study_name,
+                storage=storage,
+                load_if_exists=True,
+                direction=s.objective.direction,
+                sampler=sampler,
+                pruner=pruner,
+            )
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:  # what check_storage missed
+        raise _not_a_journal(s.storage, f"cannot be loaded ({type(exc).__name__}: {exc})") from None
     identity = _jsonable(s.identity())
     recorded = study.user_attrs.get("tune")
     if recorded is None:
@@ -281,9 +344,17 @@ def open_study(s: Settings, worker: int = 0) -> Any:
     return study
 
 
-def _jsonable(data: Any) -> Any:
-    import json
+def join_study(study: Any, s: Settings) -> int | None:
+    """Record this worker loop in the study and return its TPE seed: --sampler-seed + the number of loops
+    that joined the study before it (any process, any machine), so that no two loops draw the same random
+    stream, and a single-process tune proposes what its seed says. Called with the ask lock held."""
+    joined = list(study.user_attrs.get(SAMPLERS, []))
+    seed = None if s.sampler_seed is None else (s.sampler_seed + len(joined)) % (cli.MAX_SEED + 1)
+    study.set_user_attr(SAMPLERS, [*joined, {"owner": _owner(), "seed": seed}])
+    return seed
 
+
+def _jsonable(data: Any) -> Any:
     return json.loads(json.dumps(data))
 
 
@@ -427,10 +498,12 @@ def evaluate(trial: Any, s: Settings) -> float:
     return sum(results) / len(results)
 
 
-def worker_loop(s: Settings, worker: int = 0, quiet: bool = False) -> int:
+def worker_loop(s: Settings, quiet: bool = False) -> int:
     """Ask, evaluate and tell trials until the study holds --trials of them; returns how many ran here."""
     optuna = _optuna()
-    study = open_study(s, worker)
+    study = open_study(s)
+    with ask_lock(s.storage):
+        study.sampler = _sampler(s, join_study(study, s))
     ran = 0
     while True:
         with ask_lock(s.storage):
@@ -446,16 +519,18 @@ def worker_loop(s: Settings, worker: int = 0, quiet: bool = False) -> int:
         except optuna.TrialPruned as exc:
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             outcome = str(exc)
-        except VcbmGymError as exc:  # a sampled combination the runner refuses: that trial fails, the study goes on
+        except BaseException as exc:
+            if not isinstance(exc, VcbmGymError) or isinstance(exc, Stopped):
+                # Ctrl-C, SIGTERM (executor.Terminated), or a bug: the trial does not count, the error is not hidden
+                trial.set_user_attr("failure", f"{type(exc).__name__}: {exc}")
+                with ask_lock(s.storage):
+                    discount(study, trial.number)
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                raise
+            # a sampled combination the runner refuses: that trial fails, the study goes on
             trial.set_user_attr("failure", str(exc))
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             outcome = f"failed: {exc}"
-        except BaseException as exc:  # Ctrl-C, or a bug: the trial does not count, the error is not hidden
-            trial.set_user_attr("failure", f"{type(exc).__name__}: {exc}")
-            with ask_lock(s.storage):
-                discount(study, trial.number)
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            raise
         else:
             study.tell(trial, value)
             outcome = f"value {value:.6g}"
@@ -464,62 +539,37 @@ def worker_loop(s: Settings, worker: int = 0, quiet: bool = False) -> int:
             print(f"trial {trial.number} ({time.perf_counter() - start:.1f} s, {params}): {outcome}", flush=True)
 
 
-def _worker_process(s: Settings, worker: int, conn: Any) -> None:
-    try:
-        conn.send(("ok", worker_loop(s, worker)))
-    except BaseException as exc:
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
-    finally:
-        conn.close()
-
-
 def run_workers(s: Settings, workers: int, backend: str, address: str | None) -> int:
-    """`workers` worker loops: here (one), in spawned processes, or as Ray tasks; the trials they ran."""
-    if backend == "ray":
-        from algorithms.distributed import ray_session
+    """`workers` worker loops with the executor: one in this process, processes here, or Ray tasks; the
+    trials they ran."""
+    ran, errors = [], []
 
-        with ray_session(address, workers, "tune --backend ray") as ray:
-            task = ray.remote(num_cpus=1, max_retries=0)(worker_loop)
-            refs = [task.remote(s, worker, True) for worker in range(workers)]
-            try:
-                return sum(ray.get(refs))
-            except (KeyboardInterrupt, Stopped):
-                for ref in refs:
-                    ray.cancel(ref, force=True)
-                raise
-            except Exception as exc:
-                cause = getattr(exc, "cause", None) or exc
-                raise VcbmGymError(f"a tune worker on Ray failed: {type(cause).__name__}: {cause}") from None
-    if workers == 1:
-        return worker_loop(s)
-    context = get_context("spawn")
-    pipes, processes = [], []
-    for worker in range(workers):
-        receive, send = context.Pipe(duplex=False)
-        process = context.Process(target=_worker_process, args=(s, worker, send), daemon=True)
-        process.start()
-        send.close()
-        pipes.append(receive)
-        processes.append(process)
-    ran, errors = 0, []
+    def finished(_: Settings, count: int | None, error: str | None) -> None:
+        if error is None:
+            ran.append(count)
+        else:
+            errors.append(error)
+
     try:
-        for receive, process in zip(pipes, processes):
-            status, value = receive.recv() if receive.poll(None) else ("error", "no answer")
-            process.join()
-            if status == "ok":
-                ran += value
-            else:
-                errors.append(value)
-    except EOFError:
-        errors.append("a worker process died")
-    finally:
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-                process.join(5)
+        executor.run_jobs(
+            functools.partial(worker_loop, quiet=backend == "ray"),  # a Ray task's prints go nowhere
+            [s] * workers,
+            workers=0 if backend == "process" and workers == 1 else workers,
+            finished=finished,
+            backend=backend,
+            address=address,
+            what="tune --backend ray",
+        )
+    except executor.STOPS as exc:
+        signame, code = executor.stop_of(exc)
+        raise Stopped(
+            f"{signame}: the study's finished trials are kept in {s.storage!r} (running ones are not counted); "
+            "rerun the same command to continue",
+            code,
+        ) from None
     if errors:
         raise VcbmGymError(f"{len(errors)} tune worker(s) failed: " + "; ".join(errors))
-    return ran
+    return sum(ran)
 
 
 def best_snippet(study: Any, s: Settings) -> str:
@@ -598,7 +648,9 @@ def build_parser() -> cli.ArgumentParser:
     parser.add_argument("--warmup-steps", type=int, default=None, help="no pruning before (default: a tenth of the budget)")
     parser.add_argument("--startup-trials", type=int, default=5, help="random trials before TPE, and before pruning")
     parser.add_argument("--final-window", type=int, default=5, help="LLM: iterations averaged for the objective")
-    parser.add_argument("--sampler-seed", type=int, default=0, help="TPE's seed (worker w uses seed + w)")
+    parser.add_argument(
+        "--sampler-seed", type=int, default=0, help="TPE's seed (the k-th worker loop to join the study uses seed + k)"
+    )
     parser.add_argument("--workers", type=int, default=1, help="worker loops run by this command")
     parser.add_argument("--backend", default="process", help=f"where the workers run, one of: {', '.join(BACKENDS)}")
     parser.add_argument("--address", default=None, help="with --backend ray: an existing Ray cluster")
@@ -621,9 +673,10 @@ def resolve_settings(args: Any) -> tuple[Settings, dict[str, Any]]:
     if args.backend not in BACKENDS:
         raise VcbmGymError(f"--backend {args.backend!r}: expected one of {', '.join(BACKENDS)}")
     if args.backend == "ray":
-        from algorithms.distributed import require_ray
+        from algorithms.distributed import check_address, require_ray
 
         require_ray("--backend ray")
+        check_address(args.address, "tune --backend ray")
     elif args.address is not None:
         raise VcbmGymError(f"--address {args.address!r} with --backend {args.backend}: expected --backend ray")
     arm = ARMS.get(get_algo(args.algo).runner)
@@ -679,6 +732,7 @@ def resolve_settings(args: Any) -> tuple[Settings, dict[str, Any]]:
         fixed=fixed,
         budget_flag=budget_flag,
     )
+    check_storage(settings.storage)
     return settings, base
 
 
@@ -686,9 +740,15 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     started = provenance.start()
+    with executor.sigterm_stops():
+        return _run(args, argv, started)
+
+
+def _run(args: Any, argv: list[str], started: provenance.Start) -> dict[str, Any]:
     settings, base = resolve_settings(args)
     out = cli.output_dir(settings.out, "--out")
     cli.output_dir(Path(settings.storage).parent, "--storage's directory")
+    open_study(settings)  # a study created with other settings is refused before tune_config.yml is written
     objective = settings.objective
     config = {
         **{k: v for k, v in dataclasses.asdict(settings).items() if k not in ("params", "base")},
@@ -697,7 +757,12 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             p.name: {k: v for k, v in dataclasses.asdict(p).items() if k != "name" and v not in (None, False)}
             for p in settings.params
         },
-        "sampler": {"name": "TPESampler", "n_startup_trials": settings.startup_trials, "seed": settings.sampler_seed},
+        "sampler": {
+            "name": "TPESampler",
+            "n_startup_trials": settings.startup_trials,
+            "seed": settings.sampler_seed,
+            "seed_of_each_worker_loop": "seed + the number of loops that joined the study before it (run.json)",
+        },
         "pruner": {
             "name": "MedianPruner",
             "n_startup_trials": settings.startup_trials,
@@ -739,6 +804,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         best_trial=best.number,
         best_value=best.value,
         best_params=best.params,
+        sampler_seeds=study.user_attrs.get(SAMPLERS, []),
     )
     print(
         f"{len(study.trials)} trial(s) in study {settings.study_name!r} ({ran} run by this command): "

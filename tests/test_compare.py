@@ -284,3 +284,13 @@ def test_aggregate_refuses_summaries_with_null_convergence_fields(tmp_path):
                "mean_return_last_episodes": 21.0}  # fmt: skip
     with pytest.raises(VcbmGymError, match=r"env 'CartPole-v1' reports no info\['first_decision_optimal'\].*ppo seed 0"):
         aggregate(args, [job], {job: summary})
+
+
+@pytest.mark.parametrize("algos", [["bogus"], ["mc", "td+bogus_rule"]], ids=["unknown-algo", "unknown-credit-rule"])
+def test_bad_algos_leave_nothing_on_disk(tmp_path, capsys, algos):
+    """Every algo is resolved before --out is created: a refused compare leaves neither --out nor its lock."""
+    out = tmp_path / "new" / "out"
+    assert main(["--algos", *algos, "--seeds", "1", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: ") and "bogus" in err, err
+    assert not (tmp_path / "new").exists()

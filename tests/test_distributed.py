@@ -7,15 +7,21 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from test_executor import descendants, wait_gone
 
+from algorithms import distributed
+from algorithms.common import executor
 from algorithms.common.errors import VcbmGymError
-from algorithms.compare import make_jobs
+from algorithms.compare import make_jobs, run_seed
 from algorithms.compare import run as compare
-from algorithms.distributed import compare_task, unpack_dir
+from algorithms.distributed import unpack_dir
 from algorithms.train import finished_summary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -90,7 +96,7 @@ def test_tune_workers_on_ray_share_the_study(tmp_path, local_ray):
     assert result["trials"] == 3 and result["ran"] == 3 and result["states"]["COMPLETE"] == 3
 
 
-def test_a_task_on_another_node_sends_its_log_dir_back(tmp_path):
+def test_a_task_on_another_node_sends_its_log_dir_back(tmp_path, monkeypatch):
     """No shared filesystem: the task packs the run it wrote on its node, compare unpacks it into --out."""
     args = type(
         "Args",
@@ -106,7 +112,10 @@ def test_a_task_on_another_node_sends_its_log_dir_back(tmp_path):
         },
     )()
     (job,) = make_jobs(args)
-    packed = compare_task(list(job.argv), str(job.log_dir), driver_node="another-node")
+    assert run_seed(job) is None  # outside Ray (and on compare's node): nothing to send back
+    monkeypatch.setattr(distributed, "node_id", lambda: "this-node")
+    monkeypatch.setattr(executor, "_DRIVER_NODE", ["another-node"])  # as executor._ray_task records compare's node
+    packed = run_seed(job)
     assert packed is not None
     shutil.rmtree(job.log_dir)  # compare's filesystem does not see what the worker wrote
     unpack_dir(packed, job.log_dir)
@@ -123,3 +132,61 @@ def test_without_ray_the_backend_is_one_clear_error(tmp_path, monkeypatch):
         compare([*_argv(tmp_path, 1, "process"), "--address", "auto"])
     with pytest.raises(VcbmGymError, match="--backend 'dask': expected one of process, ray"):
         compare(_argv(tmp_path, 1, "dask"))
+
+
+def _compare_process(out, *extra):
+    return subprocess.Popen(
+        [sys.executable, "-m", "algorithms.compare", "--algos", "mc", "--max-episodes", "100000", "--no-curves",
+         "--out", str(out), "--no-progress", *extra],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_stopped_or_killed_compare_on_ray_exits_as_on_processes_and_its_local_ray_with_it(tmp_path, signum):
+    """ray.init replaced compare's SIGTERM handler with one that exits with 15; and a local Ray instance that
+    compare started goes with it, even with a compare killed by SIGKILL (Ray's agents stayed for minutes)."""
+    pytest.importorskip("ray", reason="the distributed extra (Ray) is not installed")
+    out = tmp_path / "out"
+    process = _compare_process(out, "--seeds", "20", "--workers", "1", "--backend", "ray")
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "mc" / "seed0").is_dir() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # the seed's run has started in a Ray worker
+        ray_processes = descendants(process.pid)
+        assert process.poll() is None and ray_processes, "compare ended before it could be stopped"
+        os.kill(process.pid, signum)
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert not wait_gone(ray_processes)
+    if signum == signal.SIGKILL:
+        assert process.returncode == -signal.SIGKILL
+        return
+    assert process.returncode == 128 + signal.SIGTERM, err
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("stopped: SIGTERM: ") and "run(s) finished" in lines[0], err
+
+
+@pytest.mark.parametrize(
+    "address", ["127.0.0.1:1", "ray://127.0.0.1:1", "192.0.2.1:6379"], ids=["refused", "client", "no-answer"]
+)
+def test_an_unreachable_ray_address_is_one_line_within_30_s(tmp_path, address):
+    """ray.init retries an unreachable cluster for minutes; compare answers within 30 s, before writing --out."""
+    pytest.importorskip("ray", reason="the distributed extra (Ray) is not installed")
+    process = _compare_process(tmp_path / "out", "--seeds", "1", "--backend", "ray", "--address", address)
+    try:
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --backend ray: cannot reach Ray at --address"), err
+    assert not (tmp_path / "out").exists()

@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
+from test_executor import descendants, wait_gone
 
 from algorithms.common.config import parse_overrides
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.train import run as train
 from algorithms.tune import (
     DISCOUNTED,
+    SAMPLERS,
     Objective,
     Reporter,
     apply_params,
     build_parser,
+    main,
     open_study,
     overrides_argv,
     parse_search_space,
@@ -162,6 +168,7 @@ def test_a_trial_left_running_by_a_dead_process_is_not_counted(tmp_path):
     assert worker_loop(settings, quiet=True) == 1  # the orphan is failed and discounted; one trial runs
     study = open_study(settings)
     assert [t.state.name for t in study.trials] == ["FAIL", "COMPLETE"] and study.user_attrs[DISCOUNTED] == [0]
+    assert [entry["seed"] for entry in study.user_attrs[SAMPLERS]] == [0]  # the first loop: --sampler-seed itself
     assert study.trials[1].value == 100  # 100 episodes cannot converge: the cap
 
 
@@ -264,3 +271,134 @@ def test_an_env_without_the_convergence_criterion_is_refused_before_any_trial(tm
     with pytest.raises(VcbmGymError, match=r"env 'CartPole-v1' reports no info\['first_decision_optimal'\].*tune"):
         tune(["--algo", "ppo", "--env", "CartPole-v1", "--trials", "1", "--max-episodes", "5", "--out", str(tmp_path)])
     assert not (tmp_path / "study.journal").exists()
+
+
+def _tune_process(tmp_path, *extra):
+    return subprocess.Popen(
+        [sys.executable, "-m", "algorithms.tune", *FAST_VCBM, "--out", str(tmp_path / "out"), *extra],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+@pytest.mark.parametrize(
+    "workers, signum",
+    [(2, signal.SIGTERM), (2, signal.SIGKILL), (1, signal.SIGTERM)],
+    ids=["2-SIGTERM", "2-SIGKILL", "1-SIGTERM"],
+)
+def test_a_killed_tune_leaves_no_worker_and_sigterm_exits_143_with_one_line(tmp_path, workers, signum):
+    """Before the executor, tune's workers were reparented to init, ran every trial and died on a broken pipe."""
+    process = _tune_process(tmp_path, "--trials", "1000", "--workers", str(workers))
+    try:
+        trials = tmp_path / "out" / "vcbm-WatchRepair-v0"
+        deadline = time.monotonic() + 180
+        while len(list(trials.glob("trial*"))) < workers and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tree = descendants(process.pid)
+        assert process.poll() is None and len(tree) >= workers - 1, "tune ended before it could be stopped"
+        os.kill(process.pid, signum)
+        _, err = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert not wait_gone(tree)
+    if signum == signal.SIGKILL:
+        assert process.returncode == -signal.SIGKILL
+        return
+    assert process.returncode == 128 + signal.SIGTERM, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stopped: SIGTERM: ") and "rerun the same command" in lines[0], err
+    settings, _ = resolve_settings(build_parser().parse_args([*FAST_VCBM, "--trials", "1000", "--out", str(tmp_path / "out")]))
+    study = open_study(settings)
+    stopped = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert stopped and all(t.user_attrs["failure"] == "Terminated: SIGTERM" for t in stopped)
+    assert set(study.user_attrs[DISCOUNTED]) == {t.number for t in stopped}  # the stopped trials do not count
+
+
+def _has_open(pid: int, path: Path) -> bool:
+    try:
+        return any(os.path.realpath(fd) == os.path.realpath(path) for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="reads open files from /proc")
+def test_two_tune_processes_started_with_the_same_command_propose_distinct_trials(tmp_path):
+    """Before, both seeded TPE with --sampler-seed: the second process proposed the first one's trials again."""
+    ask_lock = tmp_path / "out" / "study.journal.ask-lock"
+    ask_lock.parent.mkdir()
+    with open(ask_lock, "a") as held:  # both processes wait for the ask lock: both take part from the start
+        fcntl.flock(held, fcntl.LOCK_EX)
+        processes = [_tune_process(tmp_path, "--trials", "6") for _ in range(2)]
+        deadline = time.monotonic() + 300
+        while not all(_has_open(p.pid, ask_lock) for p in processes) and time.monotonic() < deadline:
+            assert all(p.poll() is None for p in processes), [p.communicate() for p in processes]
+            time.sleep(0.05)
+    outputs = [p.communicate(timeout=600) for p in processes]
+    for process, (_, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, stderr
+    settings, _ = resolve_settings(build_parser().parse_args([*FAST_VCBM, "--trials", "6", "--out", str(tmp_path / "out")]))
+    study = open_study(settings)
+    owners = {t.user_attrs["owner"] for t in study.trials}
+    assert owners == {f"{os.uname().nodename}:{p.pid}" for p in processes}, "one process ran every trial: no overlap to test"
+    proposed = [tuple(sorted(t.params.items())) for t in study.trials]
+    assert len(study.trials) == 6 and len(set(proposed)) == 6
+    joined = study.user_attrs[SAMPLERS]
+    assert [entry["seed"] for entry in joined] == [0, 1] and {entry["owner"] for entry in joined} == owners
+    record = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert record["sampler_seeds"] == joined
+
+
+def test_a_refused_tune_leaves_tune_config_as_it_was(tmp_path, capsys):
+    first = [*FAST_VCBM[:4], "--seeds-per-trial", "1", "--trials", "1", "--max-episodes", "100", "--out", str(tmp_path)]
+    tune(first)
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    capsys.readouterr()
+    assert main([*first[:-4], "--max-episodes", "200", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "was created with other settings (budget differ)" in err, err
+    after = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    assert after == before  # tune_config.yml above all: it still describes the study
+
+
+def _cut_journal(tmp_path: Path) -> bytes:
+    """A real journal whose last entry a dying writer left half written."""
+    settings, _ = resolve_settings(
+        build_parser().parse_args([*FAST_VCBM, "--trials", "1", "--storage", str(tmp_path / "source.journal")])
+    )
+    study = open_study(settings)
+    study.tell(study.ask(), 1500.0)
+    data = (tmp_path / "source.journal").read_bytes()
+    return data[: len(data) - 20]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "is a directory"),
+        (b"\x00\x9f binary\n", "line 1 is not an Optuna journal entry"),
+        (b'{"op_code": 0, "study_name": "x", "directions": [1]}\n[1, 2]\n', "line 2 is not an Optuna journal entry"),
+        (b'{"op_code": 0, "study_name": "x", "directions": [1]}\n{"op_code": 5}\n', "cannot be loaded"),
+        (_cut_journal, "ends in the middle of a line"),
+    ],
+    ids=["directory", "garbage", "json-not-a-journal", "wrong-entries", "cut-mid-line"],
+)
+def test_a_bad_storage_is_one_line_and_is_left_as_it_was(tmp_path, capsys, content, message):
+    storage = tmp_path / "study.journal"
+    if content is None:
+        storage.mkdir()
+    else:
+        storage.write_bytes(content(tmp_path) if callable(content) else content)
+    before = None if content is None else storage.read_bytes()
+    out = tmp_path / "out"
+    assert main([*FAST_VCBM, "--trials", "1", "--storage", str(storage), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"error: --storage {str(storage)!r} ") and message in err, err
+    if before is not None:
+        assert storage.read_bytes() == before  # Optuna would have appended its next entry to the cut line
+    assert not (out / "tune_config.yml").exists()

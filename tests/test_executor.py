@@ -1,0 +1,198 @@
+"""The executor of compare and tune (algorithms.common.executor): results and failures per job, and the stop
+and orphan behaviour that every command inherits: Ctrl-C and SIGTERM stop the workers (which run their
+cleanup), and no worker outlives a command killed even by SIGKILL. compare's and tune's own tests check
+that they use it (tests/test_run_integrity.py, tests/test_tune.py, tests/test_distributed.py)."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from algorithms.common import executor
+from algorithms.common.errors import Stopped, VcbmGymError
+
+REPO = Path(__file__).resolve().parents[1]
+GONE_WITHIN_S = 10.0
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (read from /proc)."""
+    parents = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running, and not a zombie (a killed worker of a killed parent is reaped by init, maybe later)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_gone(pids: set[int], within_s: float = GONE_WITHIN_S) -> set[int]:
+    """The pids still alive after `within_s` seconds (returns as soon as none is)."""
+    deadline = time.monotonic() + within_s
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return {pid for pid in pids if alive(pid)}
+
+
+def sleep_and_record(folder: str, job: int) -> None:
+    """A job that runs until stopped, and records how it was stopped (its cleanup ran). Its `except Exception`
+    stands for library code (tqdm) that would swallow a stop raised as an Exception."""
+    Path(folder, f"started{job}").write_text(str(os.getpid()))
+    try:
+        try:
+            time.sleep(600)
+        except Exception:
+            time.sleep(600)
+    except BaseException as exc:
+        Path(folder, f"stopped{job}").write_text(type(exc).__name__)
+        raise
+
+
+def _collect(backend_workers: int, jobs: list[float]) -> tuple[dict, dict]:
+    results, failures = {}, {}
+
+    def finished(job, result, error):
+        if error is None:
+            results[job] = result
+        else:
+            failures[job] = error
+
+    executor.run_jobs(math.sqrt, jobs, workers=backend_workers, finished=finished)
+    return results, failures
+
+
+@pytest.mark.parametrize("workers", [0, 2], ids=["in-this-process", "processes"])
+def test_every_job_reports_its_result_or_its_failure_and_a_failure_stops_nothing(workers):
+    results, failures = _collect(workers, [4.0, -1.0, 9.0])
+    assert results == {4.0: 2.0, 9.0: 3.0}
+    assert failures == {-1.0: "ValueError: math domain error"}
+
+
+def test_a_result_larger_than_a_pipe_buffer_comes_back():
+    """The worker blocks in send() until the parent reads: the parent must read before the worker ends."""
+    received = []
+    executor.run_jobs(bytes, [3_000_000], workers=1, finished=lambda job, result, error: received.append((result, error)))
+    assert received == [(bytes(3_000_000), None)]
+
+
+def test_a_stop_in_this_process_propagates_at_once():
+    def stop_after_first(job, result, error):
+        raise Stopped("SIGTERM", 143)
+
+    with pytest.raises(Stopped):
+        executor.run_jobs(math.sqrt, [1.0, 4.0], workers=0, finished=stop_after_first)
+
+
+def test_an_unknown_backend_is_one_clear_error():
+    with pytest.raises(VcbmGymError, match="backend 'dask': expected one of process, ray"):
+        executor.run_jobs(math.sqrt, [1.0], workers=1, finished=print, backend="dask")
+
+
+DRIVER = """
+import functools, sys
+from algorithms.common import cli, executor
+from test_executor import sleep_and_record
+
+def run(argv):
+    with executor.sigterm_stops():
+        executor.run_jobs(functools.partial(sleep_and_record, sys.argv[1]), [0, 1], workers=2, finished=print)
+
+sys.exit(cli.main(run, []))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+@pytest.mark.parametrize(
+    "how, code, cleanup",
+    [
+        ("SIGTERM", 128 + signal.SIGTERM, "Terminated"),
+        # Ctrl-C in a terminal reaches every process of the group: the workers ignore it, the command stops them
+        ("SIGINT to the group", 130, "Terminated"),
+        ("SIGKILL", -signal.SIGKILL, None),
+    ],
+)
+def test_no_worker_outlives_the_command_and_a_stop_runs_their_cleanup(tmp_path, how, code, cleanup):
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        # a suite started in the background by a non-interactive shell inherits SIGINT ignored (Python keeps
+        # an inherited SIG_IGN): give the driver the disposition a terminal gives
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("started*"))) < 2 and driver.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = {int(path.read_text()) for path in tmp_path.glob("started*")}
+        assert len(workers) == 2 and workers <= descendants(driver.pid), driver.poll()
+        everything = descendants(driver.pid)
+        if how == "SIGINT to the group":
+            os.killpg(driver.pid, signal.SIGINT)
+        else:
+            os.kill(driver.pid, getattr(signal, how))
+        _, err = driver.communicate(timeout=60)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == code, err
+    assert not wait_gone(everything)
+    if cleanup is None:
+        assert not list(tmp_path.glob("stopped*"))  # SIGKILL: the workers were killed, no cleanup ran
+    else:
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("stopped: "), err
+        assert {path.read_text() for path in tmp_path.glob("stopped*")} == {cleanup}
+        assert len(list(tmp_path.glob("stopped*"))) == 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_kernel_kills_a_worker_whose_parent_dies(tmp_path):
+    """The watchdog thread aside: prctl alone ends the worker when its parent is SIGKILLed."""
+    script = """
+import os, signal, sys, time
+from algorithms.common import executor
+executor.PARENT_POLL_S = 3600.0  # the watchdog thread sleeps: only the kernel's signal can end this process
+if os.fork() == 0:
+    executor.die_with_parent(os.getppid())
+    print(os.getpid(), flush=True)
+    time.sleep(600)
+    os._exit(0)
+time.sleep(600)
+"""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        child = int(parent.stdout.readline())
+        assert alive(child)
+        parent.kill()
+        parent.wait(timeout=30)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+    assert not wait_gone({child})
