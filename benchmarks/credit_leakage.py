@@ -120,6 +120,8 @@ def markdown_table(env_id: str, rows: dict[str, dict[str, Any]], seeds: int) -> 
     for name, row in rows.items():
         if "refused" in row:
             lines.append(f"| `{name}` | n/a (refused, see the JSON) | | |")
+        elif not np.isfinite(row["mean"]):
+            lines.append(f"| `{name}` | n/a (every advantage 0: no credit to place) | | {row['seconds_per_seed']:.1f} |")
         else:
             lines.append(
                 f"| `{name}` | {row['mean']:.3f} | [{row['ci_low']:.3f}, {row['ci_high']:.3f}] | {row['seconds_per_seed']:.1f} |"
@@ -185,7 +187,7 @@ def run(argv: list[str]) -> dict[str, Any] | None:
         low, high = bootstrap_ci(shares)
         rows[name] = {
             "shares": shares.tolist(),
-            "mean": float(np.nanmean(shares)),
+            "mean": float(np.nanmean(shares)) if np.isfinite(shares).any() else float("nan"),
             "ci_low": low,
             "ci_high": high,
             "seconds_per_seed": (time.perf_counter() - start) / len(seeds),
