@@ -2,7 +2,7 @@
 
 Runs every (algo, seed) through `algorithms.train.run` with the executor (algorithms.common.executor), each
 in its own process (`--backend process`) or as a Ray task on a local Ray instance or an existing cluster
-(`--backend ray [--address ADDR]`, algorithms.distributed), one log dir per run (`DIR/<algo>/seed<k>/`,
+(`--backend ray [--address ADDR]`, algorithms.common.distributed), one log dir per run (`DIR/<algo>/seed<k>/`,
 where train writes summary.json, config.yml and TensorBoard events), then writes `DIR/results.json`,
 `DIR/table.md` (Table II of the VCBM paper, arXiv:2610.24032), `DIR/figure.png` (Figure 1), `DIR/curves.png` /
 `.svg` (the correct-decision rate across seeds, algorithms.plot) and `DIR/run.json` (the command, commit, wall
@@ -56,8 +56,8 @@ from typing import Any, Sequence
 from tqdm.auto import tqdm
 
 from algorithms.common import cli, convergence, executor, provenance
+from algorithms.common.distributed import pack_dir, unpack_dir
 from algorithms.common.errors import Stopped, VcbmGymError
-from algorithms.distributed import pack_dir, unpack_dir
 from algorithms.registry import ALGOS, get_algo
 from algorithms.stats import (
     aggregate_estimates,
@@ -149,7 +149,7 @@ def require_criterion(env_id: str, jobs: list[Job]) -> None:
 def run_seed(job: Job) -> bytes | None:
     """One job of the executor: train the seed into its log dir (compare owns DIR/<algo>/seed<k>: a stale run
     there is replaced). A Ray task on another node than compare returns the log dir packed, for compare
-    to unpack into --out (algorithms.distributed)."""
+    to unpack into --out (algorithms.common.distributed)."""
     from algorithms.train import run
 
     run([*job.argv, "--overwrite"])
@@ -438,7 +438,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.backend == "ray":
         if args.workers < 1:
             raise VcbmGymError(f"--workers {args.workers} with --backend ray: expected an integer >= 1 (tasks in flight)")
-        from algorithms.distributed import check_address, require_ray
+        from algorithms.common.distributed import check_address, require_ray
 
         require_ray("--backend ray")
         check_address(args.address, "--backend ray")

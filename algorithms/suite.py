@@ -270,7 +270,7 @@ def check_args(args: argparse.Namespace) -> None:
         if len(set(values)) != len(values):
             raise VcbmGymError(f"{option} {values}: expected distinct values")
     if args.backend == "ray":
-        from algorithms.distributed import check_address, require_ray
+        from algorithms.common.distributed import check_address, require_ray
 
         require_ray("--backend ray")
         check_address(args.address, "--backend ray")

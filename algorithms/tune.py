@@ -673,7 +673,7 @@ def resolve_settings(args: Any) -> tuple[Settings, dict[str, Any]]:
     if args.backend not in BACKENDS:
         raise VcbmGymError(f"--backend {args.backend!r}: expected one of {', '.join(BACKENDS)}")
     if args.backend == "ray":
-        from algorithms.distributed import check_address, require_ray
+        from algorithms.common.distributed import check_address, require_ray
 
         require_ray("--backend ray")
         check_address(args.address, "tune --backend ray")

@@ -22,6 +22,8 @@ from typing import Any, SupportsFloat
 import gymnasium as gym
 from gymnasium.envs.registration import WrapperSpec
 
+from envs.contract_errors import ContractError, env_name, non_finite_reward_message
+
 
 class DelayedReward(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Pays an episode's summed reward at its last step and 0 before it."""
@@ -49,9 +51,6 @@ class DelayedReward(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._step += 1
         value = float(reward)
         if not math.isfinite(value):
-            # imported here: vcbm_gym imports this module while it initialises
-            from vcbm_gym.contract import ContractError, env_name, non_finite_reward_message
-
             where = f"step {self._step} of episode {max(self._episode, 1)}"
             raise ContractError(non_finite_reward_message(env_name(self.env), reward, f"{where} (seen by DelayedReward)"))
         self._pending += value

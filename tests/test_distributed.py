@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 from test_executor import descendants, wait_gone
 
-from algorithms import distributed
-from algorithms.common import executor
+from algorithms.common import distributed, executor
+from algorithms.common.distributed import unpack_dir
 from algorithms.common.errors import VcbmGymError
 from algorithms.compare import make_jobs, run_seed
 from algorithms.compare import run as compare
-from algorithms.distributed import unpack_dir
 from algorithms.train import finished_summary
 
 REPO = Path(__file__).resolve().parents[1]

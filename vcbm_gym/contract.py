@@ -40,11 +40,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from envs.contract_errors import CONTRACT, ContractError, env_name, non_finite_reward_message  # noqa: F401 (re-exported)
+
 STEP, END = "every step", "the episode's last step"
-
-
-class ContractError(ValueError):
-    """An env does not report an `info` key the way the contract says (one line)."""
 
 
 def _is_bool(value: Any) -> bool:
@@ -140,10 +138,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
 }
 # Credit rules that learn from per-turn info keys; runners that do not collect them refuse these.
 RULE_INFO_KEYS: dict[str, tuple[str, ...]] = {"vcbm_blend": ("state_mutating", "execution_output"), "casi": ("coalition_values",)}
+
+
 # The contract's short name in error messages.
-CONTRACT = "the env contract (ARCHITECTURE.md, 'The env contract'; check an env with vcbm_gym.contract.check_contract)"
-
-
 def required_keys(needs: Iterable[str]) -> dict[str, str]:
     """Consumer names (keys of NEEDS) or info key names -> {key: who needs it}."""
     out: dict[str, str] = {}
@@ -181,14 +178,6 @@ def check_value(key: str, value: Any, where: str) -> None:
         raise ContractError(
             f"info[{key!r}] at {where} is {shown} ({type(value).__name__}): expected {spec.kind_text} ({spec.meaning})"
         )
-
-
-def non_finite_reward_message(env_name: str, reward: Any, where: str) -> str:
-    """One line: the env paid a NaN or infinite reward at `where` (e.g. "step 3 of episode 1")."""
-    return (
-        f"env {env_name} returned reward {reward!r} at {where}: expected a finite number "
-        f"(a NaN or infinite reward makes every return and mean after it NaN; see {CONTRACT})"
-    )
 
 
 def check_reward(reward: Any, env_name: str, where: str) -> float:
@@ -260,11 +249,6 @@ def probe_steps(env: gym.Env, name: str, seed: int, steps: int = 3) -> None:
         if terminated or truncated:
             break
     observations.returned(env.reset(seed=seed)[0], f"the reset(seed={seed}) after {where}")
-
-
-def env_name(env: gym.Env) -> str:
-    spec = getattr(env, "spec", None)
-    return repr(spec.id) if spec is not None else type(env.unwrapped).__name__
 
 
 def episode_featurizer(env: gym.Env):
