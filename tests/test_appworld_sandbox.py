@@ -618,3 +618,24 @@ def test_timeouts_must_be_positive(field, value):
 def test_trusted_code_must_be_a_bool():
     with pytest.raises(ValueError, match="trusted_code must be True or False, got 'yes'"):
         AppWorldEnv(trusted_code="yes")
+
+
+def test_a_venv_under_the_servers_tmp_is_not_hidden_by_it(fresh_problem, tmp_path):
+    """The server's own folder is mounted over /tmp; a venv that lives below /tmp (here pytest's
+    tmp_path, or XDG_CACHE_HOME=/tmp/...) must still be there inside the sandbox."""
+    if fresh_problem() is not None:
+        pytest.fail(f"this test needs the sandbox: {fresh_problem()}", pytrace=False)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    venv = (tmp_path / "venv").resolve()
+    own_tmp = tmp_path / "server-tmp"
+    own_tmp.mkdir()
+    covering = "/" + venv.parts[1]  # /tmp, or whichever top folder holds the venv
+    command = sandbox_module.bwrap_command(
+        [str(venv / "bin" / "python"), "-I", "-c", "import sys; print(sys.prefix)"],
+        venv=venv,
+        rw_binds=[(own_tmp, covering)],
+        uid=sandbox_module.allocate_uid(),
+    )
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(venv)

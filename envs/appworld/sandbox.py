@@ -196,22 +196,29 @@ def bwrap_command(
     if bwrap is None:
         raise SandboxUnavailableError(f"bubblewrap (bwrap) is not installed; {INSTALL_HINT}")
     pythons = python_binds(venv)
-    targets = [
-        *pythons[2::3],
-        *(t for _, t in ro_binds),
-        *(t for _, t in rw_binds),
-        *(link for _, link in symlinks),
+    mounts = [
+        *zip(pythons[0::3], pythons[1::3], pythons[2::3]),
+        *(("--ro-bind", str(source), target) for source, target in ro_binds),
+        *(("--bind", str(source), target) for source, target in rw_binds),
     ]
-    parents = sorted({str(parent) for t in targets for parent in Path(t).parents if str(parent) != "/"})
+    # A mount hides whatever lies below its target, so shallower targets go first: a venv under /tmp
+    # must be bound after the server's own /tmp, not hidden by it.
+    mounts.sort(key=lambda mount: len(Path(mount[2]).parts))
     args = [bwrap, *namespace_args(), *system_binds()]
-    for parent in parents:  # made by bwrap itself they would be owner-only (root), so unreadable
-        args += ["--dir", parent]
-    args += pythons
-    for source, target in ro_binds:
-        args += ["--ro-bind", str(source), target]
-    for source, target in rw_binds:
-        args += ["--bind", str(source), target]
+    made: set[str] = set()
+
+    def make_parents(target: str) -> None:
+        for parent in reversed(Path(target).parents):  # made by bwrap itself they would be owner-only
+            if str(parent) != "/" and str(parent) not in made:  # (root), so unreadable to the server
+                args.extend(["--dir", str(parent)])
+                made.add(str(parent))
+
+    for flag, source, target in mounts:
+        make_parents(target)
+        args += [flag, source, target]
+        made.add(target)
     for target, link in symlinks:
+        make_parents(link)
         args += ["--symlink", target, link]
     for key, value in (setenv or {}).items():
         args += ["--setenv", key, value]
