@@ -208,8 +208,10 @@ def bwrap_command(
     made: set[str] = set()
 
     def make_parents(target: str) -> None:
-        for parent in reversed(Path(target).parents):  # made by bwrap itself they would be owner-only
-            if str(parent) != "/" and str(parent) not in made:  # (root), so unreadable to the server
+        """`--dir` for each parent not made yet: made by bwrap itself they would be owner-only (root),
+        so unreadable to the server."""
+        for parent in reversed(Path(target).parents):
+            if str(parent) != "/" and str(parent) not in made:
                 args.extend(["--dir", str(parent)])
                 made.add(str(parent))
 
