@@ -2,7 +2,7 @@
 
 The AppWorld venv is made once per machine (~/.cache/vcbm_gym/appworld-venv, or
 $VCBM_APPWORLD_VENV) and the synthetic tasks once per generator version; the tests skip only if
-the venv cannot be created.
+the venv cannot be created, and fail with one line where the sandbox cannot be built (CI runs them).
 """
 
 from __future__ import annotations
@@ -25,8 +25,11 @@ from envs.appworld.pool import CACHE_DIR, shared_pool  # noqa: E402
 
 @pytest.fixture(scope="module")
 def appworld():
+    from envs.appworld.sandbox import sandbox_problem
     from envs.appworld.setup import ensure_synthetic_data, ensure_venv, synthetic_stamp
 
+    if sandbox_problem() is not None:
+        pytest.fail(f"these tests need the sandbox: {sandbox_problem()}", pytrace=False)
     try:
         venv = ensure_venv()
     except Exception as error:  # pip or `appworld install` failed: nothing to test against

