@@ -1,0 +1,169 @@
+"""The import graph keeps its layers: no circle, and no import from a lower floor up to a higher one.
+
+Floors (ARCHITECTURE.md): envs (0) -> vcbm_gym (1) -> algorithms.common (2) -> the arms and the registry
+(3) -> the commands that run one thing (4) -> the experiment commands that run many (5). Every import
+counts, at module level or inside a function (a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("envs", "vcbm_gym", "algorithms")
+ARMS = ("registry", "tabular", "sb3", "llm", "stats")
+SINGLE_RUN_COMMANDS = ("train", "evaluate", "credit_fidelity", "bsuite_score")
+
+
+def floor(module: str) -> int:
+    top, _, rest = module.partition(".")
+    if top == "envs":
+        return 0
+    if top == "vcbm_gym":
+        return 1
+    second = rest.partition(".")[0]
+    if not second or second == "common":
+        return 2
+    if second in ARMS:
+        return 3
+    if second in SINGLE_RUN_COMMANDS:
+        return 4
+    return 5  # compare, tune, plot, suite
+
+
+def project_modules(root: Path) -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imported_names(module: str, path: Path) -> set[str]:
+    """Every name an import statement of the module could mean (`from a import b`: a and a.b)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    modules = project_modules(root)
+
+    def owner(name: str) -> str | None:  # the project module a dotted name lies in, if any
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = defaultdict(set)
+    for module, path in modules.items():
+        graph[module] = {target for name in imported_names(module, path) if (target := owner(name)) not in (None, module)}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), iteratively."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{module} (floor {floor(module)}) imports {target} (floor {floor(target)})"
+        for module, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if floor(target) > floor(module)
+    ]
+
+
+def test_the_project_has_no_import_circle():
+    assert circles(import_graph(REPO)) == []
+
+
+def test_no_module_imports_from_a_higher_floor():
+    assert upward_imports(import_graph(REPO)) == []
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for package in PACKAGES:
+        (tmp_path / package).mkdir(exist_ok=True)
+    return tmp_path
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_the_checks_find_a_circle_and_an_upward_import_even_inside_a_function(tmp_path, lazy):
+    """The checks themselves: a planted circle (relative import included) and a lazy upward import are found."""
+    indent = "def f():\n    " if lazy else ""
+    root = _tree(
+        tmp_path,
+        {
+            "algorithms/__init__.py": "",
+            "algorithms/common/__init__.py": "",
+            "algorithms/common/a.py": f"{indent}from algorithms.train import run\n",
+            "algorithms/train.py": f"{indent}from .common import a\n",
+            "envs/__init__.py": "",
+            "envs/x.py": f"{indent}import vcbm_gym.contract\n",
+            "vcbm_gym/__init__.py": "",
+            "vcbm_gym/contract.py": "import envs.x\n",
+        },
+    )
+    graph = import_graph(root)
+    assert circles(graph) == [["algorithms.common.a", "algorithms.train"], ["envs.x", "vcbm_gym.contract"]]
+    assert upward_imports(graph) == [
+        "algorithms.common.a (floor 2) imports algorithms.train (floor 4)",
+        "envs.x (floor 0) imports vcbm_gym.contract (floor 1)",
+    ]
