@@ -46,7 +46,7 @@ PROTOCOLS = ("bsuite", "short")
 SHORT_PROTOCOL: dict[str, tuple[tuple[int, ...], int]] = {
     "umbrella_length": ((0, 2, 5, 9), 1_000),  # chain lengths 1, 3, 6, 10
     "umbrella_distract": ((0, 4, 8, 12), 1_000),  # 1 to 17 distractor bits at chain length 20
-    "discounting_chain": ((0, 1, 2), 300),
+    "discounting_chain": ((0, 1), 200),
     "memory_len": ((0, 2, 5, 9), 1_000),
     "memory_size": ((0, 2, 4, 6), 1_000),
 }
