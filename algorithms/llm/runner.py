@@ -28,8 +28,9 @@ Several processes: every process runs the same command; each plays its share of 
 tasks (TRL's sampler keeps a task's K rollouts together), the credit rule sees all processes'
 episodes (gathered), and the iteration metrics are over all of them. On CPUs (world size 2, gloo):
 
-    torchrun --nproc_per_node 2 -m algorithms.train --algo vcbm-loop --env TextWatchRepair-v0 --model tiny \\
-        --iterations 3 --hyperparams generation_batch_size=16 per_device_train_batch_size=8
+    torchrun --nproc_per_node 2 -m algorithms.train --algo vcbm-loop --env TextWatchRepair-v0 --model tiny --iterations 3
+
+The per-process batch is derived (`share_batch`: generation_batch_size / processes) unless a config names it.
 
 Every run prints its world size at start-up and records it in summary.json. On CPUs the model is
 wrapped in DDP: accelerate 1.15 turns FSDP on only for accelerator devices (its MULTI_CPU state never
