@@ -82,7 +82,7 @@ def check_env_id(env_id: str) -> None:
     module, _, name = env_id.rpartition(":")
     expected_ids = ", ".join(vcbm_gym.ENV_IDS + vcbm_gym.DELAYED_ENV_IDS)
     if module:
-        if _looks_like_a_path(module) or not all(part.isidentifier() for part in module.split(".")):
+        if _looks_like_a_path(module):
             raise VcbmGymError(
                 f"--env {env_id!r}: {module!r} is not a module name; expected module:EnvId with an importable "
                 "module (dotted name, e.g. mypackage.envs:MyEnv-v0), not a file path"
