@@ -3,7 +3,9 @@
 Hyperparameters come from `zoo_configs/<algo>.yml[env_id]`, then `--config FILE` (flat, keyed by
 env id, or the config.yml of an earlier run), then `--hyperparams key=value ...`, then the runner's
 flags (`--max-episodes`, SB3's `--credit`); they are resolved into one checked config
-(`ResolvedRun`) before anything runs. Every run writes into its log dir: `config.yml` (that config,
+(`ResolvedRun`) before anything runs, and the runner's `validate` builds the run's objects dry
+(SB3's model, the LLM config and model path) before the log dir is touched: a refused command leaves
+nothing on disk. Every run writes into its log dir: `config.yml` (that config,
 its hash, the package versions and the git commit), TensorBoard events and `summary.json` (with the
 config hash and a checksum). Both files are written to a temporary name and renamed. An existing
 log dir is refused unless `--resume` or `--overwrite` is given.
