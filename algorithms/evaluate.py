@@ -153,7 +153,8 @@ def evaluate(args: argparse.Namespace) -> dict:
     cli.check_int(args.max_interactions, "--max-interactions", 1, 10_000)
     cli.check_int(args.max_new_tokens, "--max-new-tokens", 1)
     cli.check_int(args.max_prompt_chars, "--max-prompt-chars", 1)
-    out = cli.output_dir(args.out, "--out")  # before scoring: a bad --out would throw the evaluation away
+    # checked before scoring (a bad --out would throw the evaluation away), created only to write the results
+    out = cli.check_output_dir(args.out, "--out")
     data_root = Path(args.appworld_root or default_root())
     if args.model.startswith("scripted:"):
         policy = scripted_policy(args.model.removeprefix("scripted:"), data_root)
@@ -219,6 +220,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     metrics["counts"] = counts
     mean_return = sum(returns.values()) / len(returns)
     rows = table_iii(metrics, mean_return)
+    cli.output_dir(out, "--out")
     cli.atomic_write_json(out / "results.json", {t: {**results[t], "return": returns[t]} for t in results})
     summary = {
         "env": args.env,

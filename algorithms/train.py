@@ -3,7 +3,9 @@
 Hyperparameters come from `zoo_configs/<algo>.yml[env_id]`, then `--config FILE` (flat, keyed by
 env id, or the config.yml of an earlier run), then `--hyperparams key=value ...`, then the runner's
 flags (`--max-episodes`, SB3's `--credit`); they are resolved into one checked config
-(`ResolvedRun`) before anything runs. Every run writes into its log dir: `config.yml` (that config,
+(`ResolvedRun`) before anything runs, and the runner's `validate` builds the run's objects dry
+(SB3's model, the LLM config and model path) before the log dir is touched: a refused command leaves
+nothing on disk. Every run writes into its log dir: `config.yml` (that config,
 its hash, the package versions and the git commit), TensorBoard events and `summary.json` (with the
 config hash and a checksum). Both files are written to a temporary name and renamed. An existing
 log dir is refused unless `--resume` or `--overwrite` is given.
@@ -63,20 +65,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _looks_like_a_path(text: str) -> bool:
+    """A file path where a module or env id was expected: "./envs.py", "/tmp/x", "~/x", "a/b/c", "C:\\x"."""
+    return (
+        text.startswith((".", "/", "~", "\\"))
+        or "\\" in text
+        or text.count("/") > 1
+        or text.endswith((".py", "/"))
+        or "/." in text
+    )
+
+
 def check_env_id(env_id: str) -> None:
-    """A registered id, or Gymnasium's "module:EnvId" (the module is imported first: it registers the env)."""
+    """A registered id, or Gymnasium's "module:EnvId" (the module is imported first: it registers the env).
+
+    A module that fails to import, for whatever reason (a SyntaxError, a RuntimeError raised at import,
+    a sys.exit), and an id that is a file path are one line each: the module's own code is not ours."""
     module, _, name = env_id.rpartition(":")
+    expected_ids = ", ".join(vcbm_gym.ENV_IDS + vcbm_gym.DELAYED_ENV_IDS)
     if module:
+        if _looks_like_a_path(module):
+            raise VcbmGymError(
+                f"--env {env_id!r}: {module!r} is not a module name; expected module:EnvId with an importable "
+                "module (dotted name, e.g. mypackage.envs:MyEnv-v0), not a file path"
+            )
         try:
             importlib.import_module(module)
-        except ImportError as exc:
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 (any failure of someone else's module is one line)
+            first = str(exc).strip().splitlines()
+            detail = f"{type(exc).__name__}: {first[0]}" if first else type(exc).__name__
             raise VcbmGymError(
-                f"--env {env_id!r}: module {module!r} cannot be imported ({exc}); "
+                f"--env {env_id!r}: module {module!r} cannot be imported ({detail}); "
                 "expected an importable module that registers the env"
             ) from None
     if name not in gym.registry:
-        ours = ", ".join(vcbm_gym.ENV_IDS + vcbm_gym.DELAYED_ENV_IDS)
-        raise VcbmGymError(f"unknown env id {env_id!r}; expected a registered Gymnasium id (or module:id) such as: {ours}")
+        if _looks_like_a_path(name):
+            raise VcbmGymError(
+                f"--env {env_id!r} looks like a file path; expected a registered Gymnasium id (or module:id) such as: "
+                f"{expected_ids}"
+            )
+        raise VcbmGymError(
+            f"unknown env id {env_id!r}; expected a registered Gymnasium id (or module:id) such as: {expected_ids}"
+        )
 
 
 def _canonical(data: Any) -> str:
@@ -215,13 +245,20 @@ def prepare_log_dir(log_dir: Path, run: ResolvedRun, args: argparse.Namespace, r
         raise VcbmGymError("--resume and --overwrite: expected at most one of them")
     if log_dir.is_dir() and any(log_dir.iterdir()):
         record = read_record(log_dir)
+        # a config.yml that cannot be read (truncated, edited, binary) still marks the directory as a run's
+        corrupt = record is None and (log_dir / "config.yml").is_file()
         if args.overwrite:
-            if record is None:
+            if record is None and not corrupt:
                 raise VcbmGymError(
                     f"--overwrite: {str(log_dir)!r} holds no config.yml of a run; refusing to delete "
                     "what may not be a log dir; expected a run's log dir"
                 )
             shutil.rmtree(log_dir)
+        elif corrupt:
+            raise VcbmGymError(
+                f"{'--resume: ' if resume else ''}--log-dir {str(log_dir)!r} holds a run whose config.yml is unreadable; "
+                "expected --overwrite to replace that run"
+            )
         elif resume:
             if record is None:
                 raise VcbmGymError(f"--resume: {str(log_dir)!r} holds no config.yml of a run; expected a run's log dir")
@@ -296,6 +333,22 @@ def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, floa
         "argv": argv,
     }
 
+    # a copy: SB3 adds entries to policy_kwargs in place, which must not change the recorded config
+    ctx = RunContext(
+        args.algo,
+        args.env,
+        args.seed,
+        str(log_dir),
+        copy.deepcopy(resolved.hyperparams),
+        args,
+        progress=not args.no_progress,
+        report=report,
+    )
+    if hasattr(runner, "validate"):
+        # the run's objects (SB3 model, LLM config and model path), built dry before the log dir exists:
+        # input they refuse leaves nothing on disk, and the corrected command is not refused as a rerun
+        runner.validate(dataclasses.replace(ctx, hyperparams=copy.deepcopy(ctx.hyperparams)))
+
     def prepare() -> dict[str, Any] | None:
         finished = prepare_log_dir(log_dir, resolved, args, runner_resumes)
         if finished is None:
@@ -308,11 +361,6 @@ def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, floa
         return finished
 
     start = time.perf_counter()
-    # a copy: SB3 adds entries to policy_kwargs in place, which must not change the recorded config
-    hyperparams = copy.deepcopy(resolved.hyperparams)
-    ctx = RunContext(
-        args.algo, args.env, args.seed, str(log_dir), hyperparams, args, progress=not args.no_progress, report=report
-    )
     result = runner.run(ctx)
     summary = {"algo": args.algo, "env": args.env, "seed": args.seed, **result}
     summary["wall_time_s"] = time.perf_counter() - start

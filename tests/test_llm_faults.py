@@ -147,3 +147,57 @@ def test_a_saved_tiny_model_reloads_with_a_tokenizer_that_keeps_the_spaces(tmp_p
     ids = tokenizer("Action: Alder repair()", add_special_tokens=False)["input_ids"]
     assert parse_action(loaded.decode(ids)) == "repair"
     assert loaded.decode(ids) == tokenizer.decode(ids)
+
+
+def test_refused_llm_commands_leave_nothing_and_the_corrected_command_then_runs(tmp_path, capsys):
+    """`--iterations 0`, a model path that is not there, a folder that is no model and `--resume` without a
+    checkpoint used to fail after config.yml / loop_config.yml were written, so that the corrected command
+    was refused as "already holds a run"."""
+    from algorithms.train import main
+
+    log_dir = tmp_path / "run"
+    (tmp_path / "empty_model").mkdir()
+    base = ["--algo", "loop", "--env", "TextWatchRepair-v0", "--no-progress", "--log-dir", str(log_dir)]
+    small = ["--hyperparams", *SMALL, "env_kwargs={max_turns: 2}", "max_turns=2"]
+    refused = [
+        (["--model", "tiny-random", "--iterations", "0"], "iterations=0"),
+        (["--model", str(tmp_path / "no_such_model"), "--iterations", "1"], "no such directory"),
+        (["--model", str(tmp_path / "empty_model"), "--iterations", "1"], "could not be loaded"),
+        (["--model", "tiny-random", "--iterations", "1", "--resume"], "no complete checkpoint"),
+    ]
+    for flags, needle in refused:
+        assert main([*base, *flags, *small]) == 2, flags
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+        assert not log_dir.exists(), flags
+    assert main([*base, "--model", "tiny-random", "--iterations", "1", *small]) == 0
+    assert (log_dir / "summary.json").is_file() and (log_dir / "loop_config.yml").is_file()
+
+
+def test_the_per_process_batch_is_derived_from_the_rollouts_and_the_world_size():
+    from algorithms.llm.runner import share_batch
+
+    zoo = {"generation_batch_size": 16, "num_generations": 4}
+    for world_size, per_device in ((1, 16), (2, 8), (4, 4), (16, 1)):
+        mapping = dict(zoo)
+        share_batch(mapping, world_size, "vcbm-loop")
+        assert mapping["per_device_train_batch_size"] == per_device
+    with pytest.raises(ConfigError, match=r"generation_batch_size=16 .* 3 processes \(WORLD_SIZE=3\); expected a multiple of 3"):
+        share_batch(dict(zoo), 3, "vcbm-loop")
+    named = {**zoo, "per_device_train_batch_size": 16}
+    share_batch(named, 1, "loop")
+    assert named["per_device_train_batch_size"] == 16  # a named per-process batch is kept
+    with pytest.raises(ConfigError, match=r"per_device_train_batch_size=16 x 2 processes .* expected a multiple of 32"):
+        share_batch(named, 2, "loop")
+    unset = {"num_generations": 4}  # trl-grpo without a rollout count: TRL derives it from the per-process batch
+    share_batch(unset, 2, "trl-grpo")
+    assert "per_device_train_batch_size" not in unset
+
+
+def test_the_zoo_entry_resolves_to_the_same_batch_on_one_process_as_before():
+    """Dropping per_device_train_batch_size from the zoo keeps one-process runs (and their config hashes) as they were."""
+    from algorithms.train import resolve_argv
+
+    for algo in ("loop", "vcbm-loop", "trl-grpo"):
+        hp = resolve_argv(["--algo", algo, "--env", "TextWatchRepair-v0"]).hyperparams
+        assert (hp["generation_batch_size"], hp["per_device_train_batch_size"]) == (16, 16), algo

@@ -132,3 +132,27 @@ def test_two_processes_train_with_one_process_credit_checkpoint_resume_and_load(
     policy = model_policy(str(killed / "adapter"), seed=0, max_new_tokens=8, max_prompt_chars=20_000)
     answer = policy("task", [{"role": "system", "content": "x"}, {"role": "user", "content": "A watch."}])
     assert isinstance(answer, str)
+
+
+@pytest.mark.slow
+def test_the_zoo_entry_runs_on_two_processes_without_batch_overrides(tmp_path):
+    """The zoo's TextWatchRepair entry names 16 rollouts per iteration and no per-process batch: under
+    torchrun each of the two processes derives its share (8) instead of being refused because a
+    per-process batch of 16 does not divide 16 rollouts over two processes."""
+    log_dir = tmp_path / "run"
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    command += [str(REPO / "tests" / "llm_multiprocess_run.py"), str(REPO), str(dump)]
+    command += ["--algo", "vcbm-loop", "--env", "TextWatchRepair-v0", "--model", "tiny-random", "--iterations", "1"]
+    command += ["--no-progress", "--log-dir", str(log_dir)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "world size 2 (MULTI_CPU, backend gloo)" in done.stderr
+    summary = json.loads((log_dir / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["iterations_run"] == 1
+    hyperparams = yaml.safe_load((log_dir / "config.yml").read_text())["hyperparams"]
+    assert (hyperparams["generation_batch_size"], hyperparams["per_device_train_batch_size"]) == (16, 8)
+    # each process trained on its half of the iteration's 16 rollouts
+    (by_rank,) = _calls(dump)
+    assert by_rank[0]["full"].batch_size == 16 and by_rank[0]["rows"] == by_rank[1]["rows"] == 8

@@ -423,3 +423,24 @@ def test_a_killed_compare_leaves_no_worker_and_resumes_to_the_same_results(tmp_p
     assert kept >= finished_before
     compare.run(_compare_argv(out, **KILL_ARGS))
     assert (out / "results.json").read_text() == uninterrupted
+
+
+def test_a_run_whose_config_yml_is_corrupt_is_replaced_by_overwrite_and_only_by_it(tmp_path, capsys):
+    log_dir = tmp_path / "run"
+    argv = ["--algo", "mc", "--max-episodes", "20", "--log-dir", str(log_dir), "--no-progress"]
+    train.run(argv)
+    (log_dir / "config.yml").write_bytes(b"algo: mc\nhyperparams: {max_episodes: [\n\x00")  # truncated, binary tail
+    before = {p: p.read_bytes() for p in sorted(log_dir.rglob("*")) if p.is_file()}
+    for flags in ([], ["--resume"]):
+        assert train.main([*argv, *flags]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and "config.yml is unreadable" in lines[0] and "--overwrite" in lines[0], lines
+        assert {p: p.read_bytes() for p in sorted(log_dir.rglob("*")) if p.is_file()} == before
+    summary = train.run([*argv, "--overwrite"])
+    assert summary["episodes_run"] == 20
+    assert yaml.safe_load((log_dir / "config.yml").read_text())["config_hash"] == summary["config_hash"]
+    # a directory without any config.yml is still not taken for a run
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.yaml").write_text("not a run's\n")
+    assert train.main([*argv[:-3], "--log-dir", str(tmp_path / "mine"), "--overwrite"]) == 2
+    assert "refusing to delete" in capsys.readouterr().err and (tmp_path / "mine" / "config.yaml").exists()

@@ -122,3 +122,44 @@ def test_a_repeated_hyperparams_flag_adds_to_the_first_instead_of_replacing_it()
     assert train_parser().parse_args(argv).hyperparams == ["alpha=0.1", "beta=2"]
     assert compare_parser().parse_args(["--algos", "vcbm", "--out", "x", *argv[2:]]).hyperparams == ["alpha=0.1", "beta=2"]
     assert tune_parser().parse_args(["--trials", "1", *argv]).hyperparams == ["alpha=0.1", "beta=2"]
+
+
+def test_an_env_module_that_fails_at_import_for_any_reason_is_one_line(run_cli, tmp_path):
+    (tmp_path / "broken_envs.py").write_text("raise RuntimeError('no licence server')\n")
+    result = run_cli("algorithms.train", "--algo", "mc", "--env", "broken_envs:Broken-v0", "--log-dir", "run")
+    _one_error_line(result, "'broken_envs'", "RuntimeError: no licence server", "expected an importable module")
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_env_ids_that_are_file_paths_are_one_line(capsys, tmp_path):
+    from algorithms.train import main
+
+    for env_id, needle in [("./envs.py:X-v0", "not a module name"), ("/tmp/x", "file path"), ("a/b/c", "file path")]:
+        assert main(["--algo", "mc", "--env", env_id, "--log-dir", str(tmp_path / "run")]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+    assert not (tmp_path / "run").exists()
+
+
+def test_sb3_constructor_refusals_are_one_line_naming_the_setting_and_write_nothing(capsys, tmp_path):
+    """SB3 and torch refuse these only when the model is built: a traceback after config.yml was written."""
+    from algorithms.train import main
+
+    cases = [
+        (["--algo", "ppo", "--hyperparams", "policy_kwargs={foo: 1}"], ["policy_kwargs", "'foo'", "net_arch"]),
+        (["--algo", "a2c", "--hyperparams", "policy_kwargs={net_arch: [-4]}"], ["policy_kwargs.net_arch=[-4]", ">= 1"]),
+        (["--algo", "ppo", "--hyperparams", "n_steps=1000000000000"], ["n_steps=1000000000000", "rollout buffer", "memory"]),
+        (["--algo", "dqn", "--hyperparams", "buffer_size=100000000000000"], ["buffer_size=100000000000000", "replay buffer"]),
+        (["--algo", "ppo", "--hyperparams", "policy_kwargs={activation_fn: relu}"], ["policy_kwargs", "'relu'", "TypeError"]),
+        (["--algo", "ppo", "--hyperparams", "batch_size=1"], ["batch_size=1", "AssertionError"]),
+    ]
+    for argv, needles in cases:
+        assert main([*argv, "--log-dir", str(tmp_path / "run")]) == 2, argv
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), lines
+        for needle in needles:
+            assert needle in lines[0], (needle, lines[0])
+        assert not (tmp_path / "run").exists(), argv
+    # the corrected command runs into the same log dir (nothing of the refused ones is in the way)
+    assert main(["--algo", "ppo", "--max-episodes", "2", "--no-progress", "--log-dir", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "summary.json").is_file()

@@ -85,6 +85,28 @@ def output_dir(path: str | Path, option: str) -> Path:
     return path
 
 
+def check_output_dir(path: str | Path, option: str) -> Path:
+    """Prove that `path` could be created and written, without creating it: a command that then refuses
+    its input leaves no empty directory behind. `output_dir` creates it when there is something to write."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise VcbmGymError(f"{option} {str(path)!r} is a file: expected a directory (new or existing)")
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise VcbmGymError(f"{option} {str(path)!r} lies under the file {str(existing)!r}: expected a directory path")
+    try:
+        # a real write (removed at once): os.access says yes to root even on a read-only mount
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise VcbmGymError(
+            f"{option} {str(path)!r} cannot be written ({exc.strerror or exc}): expected a writable directory"
+        ) from None
+    return path
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write to a temporary name beside `path`, then rename: readers see the old file or the new, never half."""
     path = Path(path)

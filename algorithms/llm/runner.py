@@ -28,8 +28,9 @@ Several processes: every process runs the same command; each plays its share of 
 tasks (TRL's sampler keeps a task's K rollouts together), the credit rule sees all processes'
 episodes (gathered), and the iteration metrics are over all of them. On CPUs (world size 2, gloo):
 
-    torchrun --nproc_per_node 2 -m algorithms.train --algo vcbm-loop --env TextWatchRepair-v0 --model tiny \\
-        --iterations 3 --hyperparams generation_batch_size=16 per_device_train_batch_size=8
+    torchrun --nproc_per_node 2 -m algorithms.train --algo vcbm-loop --env TextWatchRepair-v0 --model tiny --iterations 3
+
+The per-process batch is derived (`share_batch`: generation_batch_size / processes) unless a config names it.
 
 Every run prints its world size at start-up and records it in summary.json. On CPUs the model is
 wrapped in DDP: accelerate 1.15 turns FSDP on only for accelerator devices (its MULTI_CPU state never
@@ -54,9 +55,10 @@ from typing import Any
 import yaml
 
 from algorithms.common import cli
-from algorithms.common.config import as_plain_dict, build_dataclasses
+from algorithms.common.config import as_plain_dict, build_dataclasses, make_env
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.run_context import RunContext
+from algorithms.common.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, Validated
 from vcbm_gym.contract import NEEDS, require_info
 from vcbm_gym.credit.base import RULES
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES
@@ -105,7 +107,17 @@ REPORTED = (
 
 
 @dataclass
-class LoopRunConfig:
+class LoopRunConfig(Validated):
+    RANGES = {
+        "iterations": AT_LEAST_ONE,
+        "checkpoint_every": NON_NEGATIVE,
+        "n_tasks": AT_LEAST_ONE,
+        "torch_threads": NON_NEGATIVE,
+        "lora_r": AT_LEAST_ONE,
+        "lora_alpha": POSITIVE,
+        "lora_dropout": Range(0, 1, hi_open=True),
+    }
+
     iterations: int = 200
     model: str = "tiny"
     finetune: str = "auto"  # auto: full for the tiny models, LoRA otherwise
@@ -190,6 +202,7 @@ def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"cpu_overrides={overrides!r} for algo {algo!r}: expected a mapping of hyperparameters")
     if overrides and not torch.cuda.is_available():
         mapping.update({k: v for k, v in overrides.items() if k != "cpu_overrides"})
+    share_batch(mapping, cli.launch_world_size(), algo)
     # validated as on this machine; run() sets the real output_dir (<log-dir>/checkpoints) and device
     checked = {"output_dir": "unused", "use_cpu": not torch.cuda.is_available(), **mapping}
     run_cfg, loop_cfg = _loop_config(checked, f"algo {algo!r}", algo)
@@ -197,6 +210,34 @@ def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
     for name in list(_reported(algo)) + [k for k in mapping if k not in out]:
         out[name] = _plain(getattr(loop_cfg, name))
     return out
+
+
+def share_batch(mapping: dict[str, Any], world_size: int, algo: str) -> None:
+    """Derive the per-process batch from the rollouts per iteration and the number of processes.
+
+    `generation_batch_size` is the iteration's rollouts over all processes; each process trains on its
+    share. When no config names `per_device_train_batch_size`, it is that whole share (one micro-batch
+    per process: the zoo's CPU entries), so the same entry runs on one process or several. A batch that
+    cannot be shared equally, or a named per-process batch that does not divide it, is one line.
+    """
+    rollouts, per_device = mapping.get("generation_batch_size"), mapping.get("per_device_train_batch_size")
+    if not isinstance(rollouts, int) or isinstance(rollouts, bool) or rollouts < 1:
+        return  # unset (TRL derives it from the per-process batch) or malformed (the config check names it)
+    processes = f"{world_size} process{'es' if world_size > 1 else ''} (WORLD_SIZE={world_size})"
+    if per_device is None:
+        if rollouts % world_size:
+            raise ConfigError(
+                f"generation_batch_size={rollouts} rollouts per iteration for algo {algo!r} cannot be shared equally by "
+                f"{processes}; expected a multiple of {world_size}"
+            )
+        mapping["per_device_train_batch_size"] = rollouts // world_size
+    elif isinstance(per_device, int) and not isinstance(per_device, bool) and per_device >= 1:
+        if rollouts % (per_device * world_size):
+            raise ConfigError(
+                f"generation_batch_size={rollouts} rollouts per iteration for algo {algo!r} is not a multiple of "
+                f"per_device_train_batch_size={per_device} x {processes}; expected a multiple of {per_device * world_size}, "
+                "or no per_device_train_batch_size (derived: generation_batch_size / processes)"
+            )
 
 
 def flag_hyperparams(args: argparse.Namespace) -> dict[str, Any]:
@@ -214,13 +255,7 @@ def flag_hyperparams(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _apply_flags(hp: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    hp = {**hp, **flag_hyperparams(args)}
-    if hp["iterations"] < 1 or hp.get("checkpoint_every", 0) < 0:
-        raise ConfigError(
-            f"iterations={hp['iterations']}, checkpoint_every={hp.get('checkpoint_every')}: "
-            "expected iterations >= 1 and checkpoint_every >= 0"
-        )
-    return hp
+    return {**hp, **flag_hyperparams(args)}  # checked with the rest by LoopRunConfig (resolve() folded them in)
 
 
 def info_needs(credit: str | None, ratio_sharing: str) -> dict[str, str]:
@@ -237,9 +272,7 @@ def check_env_reports(env_id: str, env_kwargs: dict[str, Any], needs: dict[str, 
     """One reset and one step of the env with a sampled action: the keys in `needs` must be in its info."""
     if not needs:
         return
-    import gymnasium as gym
-
-    env = gym.make(env_id, **env_kwargs)
+    env = make_env(env_id, env_kwargs)
     try:
         env.reset(seed=seed)
         env.action_space.seed(seed)
@@ -273,19 +306,20 @@ def _model_and_tokenizer(name: str, seed: int, bf16: bool):
     return model, tokenizer
 
 
-def run(ctx: RunContext) -> dict[str, Any]:
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    import numpy as np
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from torch.utils.tensorboard import SummaryWriter
+@dataclass
+class Prepared:
+    """The run's checked settings: LoopRunConfig, the trainer's config (output under <log-dir>/checkpoints)."""
 
-    from algorithms.llm.trainer import LoopTrainer, MultiTurnGRPOTrainer, latest_complete_checkpoint, logprob_memory_line
+    run_cfg: LoopRunConfig
+    cfg: Any  # LoopConfig or MultiTurnGRPOConfig
+    ckpt_dir: Path
+
+
+def prepare(ctx: RunContext) -> Prepared:
+    import torch
 
     hp = _apply_flags(ctx.hyperparams, ctx.args)
-    log_dir = Path(ctx.log_dir)
-    ckpt_dir = log_dir / "checkpoints"
+    ckpt_dir = Path(ctx.log_dir) / "checkpoints"
     run_keys = {f.name for f in dataclasses.fields(LoopRunConfig)}
     run_cfg, _ = _loop_config({k: v for k, v in hp.items() if k in run_keys}, f"algo {ctx.algo!r}", ctx.algo)
     loop_kwargs = {k: v for k, v in hp.items() if k not in run_keys}
@@ -301,18 +335,98 @@ def run(ctx: RunContext) -> dict[str, Any]:
         use_cpu=not torch.cuda.is_available(),
     )
     _, cfg = _loop_config(loop_kwargs, f"algo {ctx.algo!r}", ctx.algo)
+    return Prepared(run_cfg, cfg, ckpt_dir)
+
+
+def check_model(name: str) -> None:
+    """`--model`: a tiny model, or a folder / hub name whose config and tokenizer load (no weights yet)."""
+    if name in TINY_MODELS:
+        return
+    path = Path(name).expanduser()
+    looks_like_path = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+    if not path.exists() and looks_like_path:
+        raise VcbmGymError(
+            f"--model {name!r}: no such directory; expected {' or '.join(TINY_MODELS)}, a model folder or a hub name"
+        )
+    if path.exists() and not path.is_dir():
+        raise VcbmGymError(f"--model {name!r} is a file; expected a model folder (config.json, weights, tokenizer) or a hub name")
+    from transformers import AutoConfig
+
+    from algorithms.llm.tiny import load_tokenizer
+
+    try:
+        AutoConfig.from_pretrained(name)
+        load_tokenizer(name)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        first = str(exc).strip().splitlines()
+        raise VcbmGymError(
+            f"--model {name!r} could not be loaded ({first[0][:200] if first else type(exc).__name__}); "
+            f"expected {' or '.join(TINY_MODELS)}, a model folder or a hub name"
+        ) from None
+
+
+def validate(ctx: RunContext) -> None:
+    """Everything a run can refuse before it trains, checked before algorithms.train writes the log dir:
+    the trainer's config, the model path, the env's info keys and turn limit, the system prompt, and a
+    checkpoint to --resume from. The model's weights are not loaded (that is the run's first work)."""
+    from algorithms.llm.trainer import check_turn_limits, latest_complete_checkpoint
+    from algorithms.registry import load_object
+
+    prepared = prepare(ctx)
+    run_cfg, cfg = prepared.run_cfg, prepared.cfg
+    check_model(run_cfg.model)
+    needs = info_needs(getattr(cfg, "credit", None), getattr(cfg, "ratio_sharing", "none"))  # trl-grpo: neither
+    check_env_reports(ctx.env_id, run_cfg.env_kwargs, needs, ctx.seed)
+    env = make_env(ctx.env_id, run_cfg.env_kwargs)
+    try:
+        check_turn_limits(cfg.max_turns, env, ctx.env_id)
+    finally:
+        env.close()
+    if cfg.system_prompt:
+        try:
+            prompt = load_object(cfg.system_prompt)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ConfigError(
+                f"hyperparameter system_prompt={cfg.system_prompt!r} cannot be loaded ({type(exc).__name__}: {exc}); "
+                "expected module:function(one_shot) returning the system prompt"
+            ) from None
+        if not callable(prompt):
+            raise ConfigError(f"hyperparameter system_prompt={cfg.system_prompt!r} is not callable; expected module:function")
+    if getattr(ctx.args, "resume", False):
+        ckpt_dir = prepared.ckpt_dir
+        if (latest_complete_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None) is None:
+            raise VcbmGymError(
+                f"--resume: no complete checkpoint in {str(ckpt_dir)!r}; expected a run started with "
+                "--checkpoint-every that saved at least once"
+            )
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import numpy as np
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from torch.utils.tensorboard import SummaryWriter
+
+    from algorithms.llm.trainer import LoopTrainer, MultiTurnGRPOTrainer, latest_complete_checkpoint, logprob_memory_line
+
+    log_dir = Path(ctx.log_dir)
+    prepared = prepare(ctx)
+    run_cfg, cfg, ckpt_dir = prepared.run_cfg, prepared.cfg, prepared.ckpt_dir
     needs = info_needs(getattr(cfg, "credit", None), getattr(cfg, "ratio_sharing", "none"))  # trl-grpo: neither
     check_env_reports(ctx.env_id, run_cfg.env_kwargs, needs, ctx.seed)
     main_process = cli.is_launch_main_process()
     if main_process:
-        (log_dir / "loop_config.yml").write_text(
+        cli.atomic_write_text(
+            log_dir / "loop_config.yml",
             yaml.safe_dump(
                 {
                     **as_plain_dict(run_cfg),
                     **{k: _plain(getattr(cfg, k)) for k in _reported(ctx.algo) + ("use_vllm", "max_steps", "save_steps", "seed")},
                 },
                 sort_keys=False,
-            )
+            ),
         )
 
     previous_threads = torch.get_num_threads()

@@ -20,15 +20,20 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import inspect
+import os
+import re
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 from stable_baselines3.common.callbacks import CallbackList
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
+from stable_baselines3.common.preprocessing import get_action_dim
 from stable_baselines3.common.vec_env import DummyVecEnv
 
 from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value, make_env
@@ -224,7 +229,99 @@ def episode_steps(env: gym.Env, configured: int | None) -> int:
     return int(steps)
 
 
-def run(ctx: RunContext) -> dict[str, Any]:
+def memory_bytes() -> int:
+    """This machine's physical memory: the bound on one buffer (SB3 allocates its buffers whole, up front)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not POSIX: no bound
+        return 2**63
+
+
+def _space_bytes(space: gym.Space) -> int:
+    """Bytes one observation or action takes in an SB3 buffer (stored in the space's dtype)."""
+    if isinstance(space, gym.spaces.Dict):
+        return sum(_space_bytes(sub) for sub in space.spaces.values())
+    if isinstance(space, gym.spaces.Discrete):
+        return np.dtype(space.dtype).itemsize
+    shape = space.shape or ()
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(space.dtype or np.float32).itemsize
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} PiB"
+
+
+def check_buffer_memory(off_policy: bool, run_cfg: SB3RunConfig, kwargs: dict[str, Any], env: gym.Env) -> None:
+    """Refuse a rollout or replay buffer larger than this machine's memory, before SB3 allocates it:
+    numpy's "Unable to allocate 1.1 PiB" would otherwise be a traceback (or, below the overcommit
+    limit, a run that swaps or is killed far into training)."""
+    obs, action = _space_bytes(env.observation_space), _space_bytes(env.action_space)
+    if off_policy:
+        # observations and next observations, actions, then rewards, dones and timeouts (float32)
+        rows, per_row, what = kwargs["buffer_size"], 2 * obs + action + 3 * 4, f"buffer_size={kwargs['buffer_size']}"
+        fix = "a smaller buffer_size"
+    else:
+        # observations, actions (float32), then rewards, returns, episode starts, values, log-probs, advantages
+        rows = kwargs["n_steps"] * run_cfg.n_envs
+        per_row = obs + 4 * get_action_dim(env.action_space) + 6 * 4
+        what, fix = f"n_steps={kwargs['n_steps']} x n_envs={run_cfg.n_envs}", "a smaller n_steps (or n_envs)"
+    need, have = rows * per_row, memory_bytes()
+    if need > have:
+        kind = "replay" if off_policy else "rollout"
+        raise ConfigError(
+            f"hyperparameters {what}: the {kind} buffer would need {_human(need)}, more than this machine's "
+            f"{_human(have)} of memory; expected {fix}"
+        )
+
+
+def check_policy_kwargs(algo_cls: type, policy: str, policy_kwargs: dict[str, Any] | None) -> None:
+    """policy_kwargs against the policy class's own constructor, and net_arch's layer widths, with their name."""
+    if not policy_kwargs:
+        return
+    policy_cls = algo_cls.policy_aliases.get(policy) if isinstance(policy, str) else policy
+    if policy_cls is None:
+        raise ConfigError(f"hyperparameter policy={policy!r}: expected one of: {', '.join(algo_cls.policy_aliases)}")
+    params = inspect.signature(policy_cls.__init__).parameters
+    if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        allowed = [n for n in params if n not in ("self", "observation_space", "action_space", "lr_schedule")]
+        unknown = [key for key in policy_kwargs if key not in allowed]
+        if unknown:
+            raise ConfigError(
+                f"hyperparameter policy_kwargs={policy_kwargs!r}: unknown key {unknown[0]!r} for {policy_cls.__name__}; "
+                f"expected some of: {', '.join(allowed)}"
+            )
+    arch = policy_kwargs.get("net_arch")
+    layers = list(arch.values()) if isinstance(arch, dict) else [arch]
+    widths_ok = arch is None or all(
+        isinstance(layer, (list, tuple)) and all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in layer)
+        for layer in layers
+    )
+    if not widths_ok or (isinstance(arch, dict) and not set(arch) <= {"pi", "vf", "qf"}):
+        raise ConfigError(
+            f"hyperparameter policy_kwargs.net_arch={arch!r}: expected a list of layer widths (integers >= 1), "
+            "or {pi: [...], vf: [...]} of such lists"
+        )
+
+
+@dataclass
+class Built:
+    """What a run trains: the model on its vector env, the credit rule and its callbacks."""
+
+    run_cfg: SB3RunConfig
+    model: Any
+    env: DummyVecEnv
+    rule: CreditRule | None
+    callbacks: list
+    steps: int
+
+
+def build(ctx: RunContext, tensorboard_log: str | None) -> Built:
+    """The run's model, env and credit rule, with SB3's and torch's refusals turned into one line naming
+    the hyperparameter. `validate` builds this dry (no log dir) before algorithms.train writes anything."""
     run_cfg, kwargs = _configs(ctx.algo, ctx.hyperparams)
     credit = run_cfg.credit
     algo_cls = load_object(get_algo(ctx.algo).target)
@@ -235,8 +332,10 @@ def run(ctx: RunContext) -> dict[str, Any]:
     try:
         rule = build_rule(credit, run_cfg.credit_kwargs.get(credit, {}), probe)
         steps = episode_steps(probe, run_cfg.episode_steps)
+        check_buffer_memory(off_policy, run_cfg, kwargs, probe)
     finally:
         probe.close()
+    check_policy_kwargs(algo_cls, run_cfg.policy, kwargs.get("policy_kwargs"))
     callbacks = []
     if rule is not None and off_policy:
         if run_cfg.n_envs != 1 or kwargs["learning_starts"] < steps:
@@ -251,7 +350,48 @@ def run(ctx: RunContext) -> dict[str, Any]:
     # SB3's make_vec_env asks for render_mode="rgb_array", which text envs reject; the model's seed
     # seeds these envs (BaseAlgorithm.set_random_seed).
     env = DummyVecEnv([lambda: Monitor(make_env(ctx.env_id, run_cfg.env_kwargs))] * run_cfg.n_envs)
-    model = algo_cls(run_cfg.policy, env, seed=ctx.seed, device=run_cfg.device, tensorboard_log=ctx.log_dir, **kwargs)
+    try:
+        model = algo_cls(run_cfg.policy, env, seed=ctx.seed, device=run_cfg.device, tensorboard_log=tensorboard_log, **kwargs)
+    except (TypeError, ValueError, AssertionError, RuntimeError, KeyError, AttributeError, MemoryError) as exc:
+        env.close()
+        raise ConfigError(_refusal(ctx.algo, algo_cls, run_cfg, kwargs, exc)) from None
+    except BaseException:
+        env.close()
+        raise
+    return Built(run_cfg, model, env, rule, callbacks, steps)
+
+
+def _refusal(algo: str, algo_cls: type, run_cfg: SB3RunConfig, kwargs: dict[str, Any], exc: BaseException) -> str:
+    """One line for SB3's (or torch's) refusal of the constructor arguments: the settings that differ from
+    SB3's defaults are the suspects, and the policy's when the error rose while building the network."""
+    first = str(exc).strip().splitlines()
+    reason = f"{type(exc).__name__}: {first[0][:200]}" if first else type(exc).__name__
+    defaults = algo_defaults(algo_cls)
+    frames = [frame.filename for frame in traceback.extract_tb(exc.__traceback__)]
+    in_network = any(("policies.py" in f or "torch_layers.py" in f or "/torch/" in f) for f in frames)
+    suspects = {"policy_kwargs": kwargs.get("policy_kwargs")} if in_network and kwargs.get("policy_kwargs") else {}
+    if not suspects:  # the settings SB3's message names, else every one that is not SB3's default
+        named_in_message = {k: v for k, v in kwargs.items() if k in defaults and re.search(rf"\b{k}\b", str(exc))}
+        suspects = named_in_message or {
+            k: v for k, v in kwargs.items() if k in defaults and v != defaults[k] and k != "replay_buffer_kwargs"
+        }
+        if run_cfg.n_envs != 1 and not named_in_message:
+            suspects["n_envs"] = run_cfg.n_envs
+    named = ", ".join(f"{k}={v!r}" for k, v in suspects.items()) or "the defaults"
+    return f"algo {algo!r} refused hyperparameters {named} ({reason}); expected values {algo_cls.__name__} accepts"
+
+
+def validate(ctx: RunContext) -> None:
+    """Build the run's model on its env without a log dir, then drop it: a bad constructor argument is one
+    line before algorithms.train writes anything."""
+    built = build(ctx, tensorboard_log=None)
+    built.env.close()
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    built = build(ctx, tensorboard_log=ctx.log_dir)
+    run_cfg, model, env, rule, callbacks, steps = built.run_cfg, built.model, built.env, built.rule, built.callbacks, built.steps
+    credit = run_cfg.credit
     outcomes = EpisodeOutcomes(ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold), repr(ctx.env_id))
     convergence = ConvergenceCallback(outcomes, run_cfg.max_episodes, run_cfg.stop_at_convergence, report=ctx.report)
     start = time.perf_counter()
