@@ -332,3 +332,16 @@ def test_observations_and_rewards_match_shimmys_bsuite_wrapper_step_for_step():
                 np.testing.assert_array_equal(ours_step[0], np.asarray(ref_step[0]).reshape(-1))
                 assert ours_step[1:4] == (float(ref_step[1]), bool(ref_step[2]), bool(ref_step[3]))
             assert ours_step[2]  # the episode ended where bsuite ended it
+
+
+def test_sb3_runs_write_bsuite_logs_into_their_run_dir_one_per_sub_env(tmp_path):
+    """The SB3 runner hands each env it plays its run's dir (its dry validation build writes nothing)."""
+    from algorithms.train import run
+
+    for n_envs, expected in ((1, ["env_log"]), (2, ["env_log/env0", "env_log/env1"])):
+        log_dir = tmp_path / f"ppo{n_envs}"
+        argv = ["--algo", "ppo", "--env", "bsuite:umbrella_length/1", "--max-episodes", "20", "--no-progress"]
+        run([*argv, "--log-dir", str(log_dir), "--hyperparams", f"n_envs={n_envs}", "n_steps=16", "batch_size=16"])
+        logs = sorted(str(path.parent.relative_to(log_dir)) for path in log_dir.rglob("bsuite_id_-_*.csv"))
+        assert logs == expected
+        assert sum(_logged(log_dir / name, "umbrella_length/1").episode.iloc[-1] for name in expected) >= 20

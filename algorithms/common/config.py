@@ -192,6 +192,15 @@ def make_env(env_id: str, env_kwargs: Mapping[str, Any], **extra: Any) -> Any:
         raise ConfigError(f"env_kwargs {dict(env_kwargs)!r} for {env_id}: {exc}") from None
 
 
+def log_env_to_run_dir(env: Any, log_dir: str, env_kwargs: Mapping[str, Any], index: int | None = None) -> None:
+    """An env that keeps its own log (bsuite's CSV: `log_to(dir)`) writes it inside the run's log dir
+    (`env_log/`, `env_log/env<i>` for sub-env i of several), so parallel seeds never share one file; a
+    `log_dir` the user set in env_kwargs wins."""
+    log_to = getattr(env.unwrapped, "log_to", None)
+    if callable(log_to) and "log_dir" not in env_kwargs:
+        log_to(Path(log_dir) / "env_log" / ("" if index is None else f"env{index}"))
+
+
 def as_plain_dict(*instances: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for inst in instances:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import inspect
 import os
 import re
@@ -36,7 +37,7 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.preprocessing import get_action_dim
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value, make_env
+from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value, log_env_to_run_dir, make_env
 from algorithms.common.convergence import ConvergenceTracker, EpisodeOutcomes, EpisodeRunConfig
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.run_context import RunContext
@@ -349,7 +350,13 @@ def build(ctx: RunContext, tensorboard_log: str | None) -> Built:
 
     # SB3's make_vec_env asks for render_mode="rgb_array", which text envs reject; the model's seed
     # seeds these envs (BaseAlgorithm.set_random_seed).
-    env = DummyVecEnv([lambda: Monitor(make_env(ctx.env_id, run_cfg.env_kwargs))] * run_cfg.n_envs)
+    def played_env(index: int) -> Monitor:
+        env = make_env(ctx.env_id, run_cfg.env_kwargs)
+        if tensorboard_log is not None:  # the run itself, not validate's dry build
+            log_env_to_run_dir(env, tensorboard_log, run_cfg.env_kwargs, None if run_cfg.n_envs == 1 else index)
+        return Monitor(env)
+
+    env = DummyVecEnv([functools.partial(played_env, index) for index in range(run_cfg.n_envs)])
     try:
         model = algo_cls(run_cfg.policy, env, seed=ctx.seed, device=run_cfg.device, tensorboard_log=tensorboard_log, **kwargs)
     except (TypeError, ValueError, AssertionError, RuntimeError, KeyError, AttributeError, MemoryError) as exc:

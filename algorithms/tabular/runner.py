@@ -20,7 +20,6 @@ import inspect
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -28,7 +27,7 @@ from gymnasium import spaces
 from gymnasium.envs.registration import load_env_creator
 from tqdm.auto import tqdm
 
-from algorithms.common.config import as_plain_dict, build_dataclasses, make_env
+from algorithms.common.config import as_plain_dict, build_dataclasses, log_env_to_run_dir, make_env
 from algorithms.common.convergence import ConvergenceTracker, EpisodeOutcomes, EpisodeRunConfig
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.run_context import RunContext
@@ -85,14 +84,6 @@ def tabular_env_kwargs(env_id: str, env_kwargs: Mapping[str, Any]) -> dict[str, 
     if offers_view:
         kwargs.setdefault("integer_observations", True)
     return kwargs
-
-
-def log_env_to_run_dir(env: Any, log_dir: str, env_kwargs: Mapping[str, Any]) -> None:
-    """An env that keeps its own log (bsuite's CSV: `log_to(dir)`) writes it inside the run's log dir, so
-    parallel seeds never share one file; a `log_dir` the user set in env_kwargs wins."""
-    log_to = getattr(env.unwrapped, "log_to", None)
-    if callable(log_to) and "log_dir" not in env_kwargs:
-        log_to(Path(log_dir) / "env_log")
 
 
 def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
