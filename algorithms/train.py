@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import functools
 import hashlib
 import importlib
 import importlib.metadata
 import json
-import platform
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -35,14 +32,11 @@ import gymnasium as gym
 import yaml
 
 import vcbm_gym
-from algorithms.common import cli
+from algorithms.common import cli, provenance
 from algorithms.common.config import parse_overrides, user_config, zoo_hyperparams
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.run_context import RunContext
 from algorithms.registry import ALGOS, get_algo
-
-REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("numpy", "gymnasium", "stable-baselines3", "torch", "scipy", "pyyaml", "trl", "transformers", "peft", "optuna", "ray")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -138,33 +132,6 @@ def config_diff(old: dict[str, Any], new: dict[str, Any], limit: int = 3) -> str
     keys = [k for k in sorted(set(flat_old) | set(flat_new)) if flat_old.get(k, "<unset>") != flat_new.get(k, "<unset>")]
     parts = [f"{k} {flat_old.get(k, '<unset>')!r} -> {flat_new.get(k, '<unset>')!r}" for k in keys[:limit]]
     return ", ".join(parts) + (f" and {len(keys) - limit} more" if len(keys) > limit else "") or "no setting (hash only)"
-
-
-@functools.cache
-def package_versions() -> dict[str, str]:
-    """Read once per process: each lookup parses a METADATA file (~1 ms), and a process that runs
-    many seeds (compare, the speed benchmark) would pay it per run; the modules loaded do not change."""
-    versions = {"python": platform.python_version(), "vcbm-gym": vcbm_gym.__version__}
-    for name in PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return versions
-
-
-def environment_record() -> dict[str, Any]:
-    versions = dict(package_versions())
-    commit = dirty = None
-    try:
-        run = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, timeout=10)  # noqa: E731
-        head = run("rev-parse", "HEAD")
-        if head.returncode == 0:
-            commit = head.stdout.strip()
-            dirty = bool(run("status", "--porcelain", "--untracked-files=no").stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return {"versions": versions, "git_commit": commit, "git_dirty": dirty}
 
 
 def read_record(log_dir: Path) -> dict[str, Any] | None:
@@ -328,7 +295,7 @@ def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, floa
     record = {
         **resolved.identity(),
         "config_hash": resolved.config_hash,
-        **environment_record(),
+        **provenance.environment_record(),
         "command_line": {k: v for k, v in vars(args).items()},
         "argv": argv,
     }

@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         "wall_time_s": wall,
     }
     cli.atomic_write_json(out / "results.json", payload)
-    from algorithms.train import environment_record
+    from algorithms.common.provenance import environment_record
 
     command = " ".join(["python", "benchmarks/llm_learning.py", *(sys.argv[1:] if argv is None else argv)])
     cli.atomic_write_json(

@@ -11,14 +11,48 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
+import importlib.metadata
+import platform
 import shlex
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import vcbm_gym
 from algorithms.common import cli
 
 RUN_RECORD = "run.json"
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("numpy", "gymnasium", "stable-baselines3", "torch", "scipy", "pyyaml", "trl", "transformers", "peft", "optuna", "ray")
+
+
+@functools.cache
+def package_versions() -> dict[str, str]:
+    """Read once per process: each lookup parses a METADATA file (~1 ms), and a process that runs
+    many seeds (compare, the speed benchmark) would pay it per run; the modules loaded do not change."""
+    versions = {"python": platform.python_version(), "vcbm-gym": vcbm_gym.__version__}
+    for name in PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return versions
+
+
+def environment_record() -> dict[str, Any]:
+    versions = dict(package_versions())
+    commit = dirty = None
+    try:
+        run = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, timeout=10)  # noqa: E731
+        head = run("rev-parse", "HEAD")
+        if head.returncode == 0:
+            commit = head.stdout.strip()
+            dirty = bool(run("status", "--porcelain", "--untracked-files=no").stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"versions": versions, "git_commit": commit, "git_dirty": dirty}
 
 
 def command_line(prog: str, argv: Sequence[str]) -> str:
@@ -35,10 +69,6 @@ class Start:
 
 
 def start() -> Start:
-    from algorithms.train import (
-        environment_record,  # git commit and package versions, as each run records them
-    )
-
     return Start(time.time(), time.perf_counter(), environment_record())
 
 
