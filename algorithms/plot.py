@@ -338,6 +338,7 @@ def plot_learning_curves(
     (`allow_truncated`: read a damaged event file up to its damage instead of refusing it)."""
     png = Path(png)
     data = learning_curves(groups, metric, points, allow_truncated)
+    cli.output_dir(png.parent, "--out's directory")  # created once the runs are read: a refusal leaves nothing
     draw(data, png, title)
     cli.atomic_write_json(png.with_suffix(".json"), {"settings": settings or {}, **data})
     return data
@@ -368,7 +369,7 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
     out = Path(args.out)
     if out.suffix.lower() != ".png":
         raise VcbmGymError(f"--out {args.out!r}: expected a file name ending in .png (the .svg and .json go beside it)")
-    cli.output_dir(out.parent if str(out.parent) else ".", "--out's directory")
+    cli.check_output_dir(out.parent, "--out's directory")
     groups: dict[str, list[Path]] = {}
     for run_dir in find_runs(args.run_dirs):
         groups.setdefault(method_label(run_dir, _record(run_dir), args.group_by), []).append(run_dir)
