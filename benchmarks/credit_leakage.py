@@ -39,6 +39,7 @@ import numpy as np
 from scipy import stats
 
 import vcbm_gym  # noqa: F401  (registers WatchRepair-v0)
+from algorithms.common import provenance
 from algorithms.common.cli import ArgumentParser, atomic_write_json, check_int, main, output_dir
 from algorithms.common.errors import VcbmGymError
 from algorithms.sb3.callbacks import group_ids_for
@@ -161,6 +162,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def run(argv: list[str]) -> dict[str, Any] | None:
     args = parse(argv)
+    started = provenance.start()
     try:
         env = gym.make(args.env)
     except Exception as exc:  # an unregistered id, a missing optional package: not this benchmark's failure
@@ -206,6 +208,7 @@ def run(argv: list[str]) -> dict[str, Any] | None:
         "rule_kwargs": {name: RULE_KWARGS.get(name, {}) for name in args.rules},
         "rules": rows,
         "table": table,
+        "run": provenance.run_record("python benchmarks/credit_leakage.py", argv, started),
     }
     atomic_write_json(args.out, result)
     return result
