@@ -191,6 +191,173 @@ def hf_generate(
     return answers_until_eos(new, recorder.finish(new), tokenizer.eos_token_id)
 
 
+def full_attention_only(model) -> bool:
+    """Whether every layer of `model` attends over the whole context (no sliding window, no linear attention).
+
+    The cached path leaves holes (masked slots) in the middle of a row's cache; a sliding window
+    counts slots, not tokens, so it would see a different context than a re-encoding does.
+    """
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return False
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is None:
+        return not getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None) is None
+    return all(t == "full_attention" for t in layer_types)
+
+
+def _common_prefix_length(contexts: list[list[int]]) -> int:
+    first = contexts[0]
+    n = min(len(c) for c in contexts)
+    for c in contexts[1:]:
+        k = 0
+        while k < n and c[k] == first[k]:
+            k += 1
+        n = k
+    return n
+
+
+class CachedGeneration:
+    """Sampling for one rollout that keeps every episode's keys and values from one turn to the next.
+
+    A stateful stand-in for `hf_generate` (the same call: contexts in, (token ids, log-probs) out),
+    made for one `play_episodes` call. `hf_generate` re-encodes each live episode's whole context
+    every turn; here a context that extends what the cache already holds for an episode (the
+    previous context, the tokens sampled for it, then the environment's reply) only feeds its new
+    tokens. The first turn encodes the prefix that all contexts share (the system prompt, and for K
+    rollouts of one task the whole first prompt) once and copies its keys and values to every row.
+    A context that does not extend its episode's cache (the prompt truncation of
+    algorithms.llm.prompting rewrote it) makes the call start over: every context is encoded
+    anew, as `hf_generate` does.
+
+    Rows of one batch are kept aligned by masked slots (holes): a left-padded chunk of new tokens,
+    and the steps after a row's end-of-sequence, occupy cache slots whose attention mask is 0.
+    Position ids count only a row's real tokens, so a row's tokens see the same positions and the
+    same keys as in a re-encoding of its context; the sampled tokens and their log-probs are
+    those of `hf_generate` up to floating-point rounding (the same ops, fed in other chunks; tested
+    against it). Sampling draws as transformers' sampler does (softmax of the temperature-scaled
+    float32 scores, then `torch.multinomial`, once per step over the live rows, stopping when
+    every row has ended), so seeded runs consume the random stream alike.
+
+    Episodes that ended are dropped from the cache (`Cache.batch_select_indices`). The model's
+    layers must all be full attention (`full_attention_only`); single process only (no synced
+    generation: sharded models use `hf_generate`).
+    """
+
+    def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float) -> None:
+        self.model, self.max_new_tokens, self.temperature = model, max_new_tokens, temperature
+        self.pad, self.eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+        self.cache = None
+        self.mask: torch.Tensor | None = None  # [rows, slots]: 1 where the slot holds a real token
+        self.held: list[list[int]] = []  # per row: the real tokens whose keys and values the cache holds
+        self.device = next(model.parameters()).device
+        self.restarts = 0  # calls that encoded every context from scratch (the first, and after a truncation)
+
+    def _match(self, contexts: list[list[int]]) -> list[int] | None:
+        """The cache row each context extends (rows in order, as play_episodes keeps its live episodes), or None."""
+        rows, r = [], 0
+        for c in contexts:
+            while r < len(self.held) and not (len(c) > len(self.held[r]) and c[: len(self.held[r])] == self.held[r]):
+                r += 1
+            if r == len(self.held):
+                return None
+            rows.append(r)
+            r += 1
+        return rows
+
+    def _forward(self, chunks: list[list[int]]) -> torch.Tensor:
+        """Feed each row its chunk of new tokens (left-padded, pads masked); the last position's logits, [rows, vocab]."""
+        new_ids, new_mask = left_padded(chunks, self.pad)
+        mask = new_mask if self.mask is None else torch.cat([self.mask, new_mask], dim=1)
+        positions = (mask.cumsum(-1) - 1)[:, -new_ids.shape[1] :].masked_fill(new_mask == 0, 0)
+        out = self.model(
+            input_ids=new_ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=positions.to(self.device),
+            cache=self.cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        self.cache, self.mask = out.cache, mask
+        return out.logits[:, -1]
+
+    def _start(self, contexts: list[list[int]]) -> torch.Tensor:
+        """A fresh cache: the shared prefix encoded once and copied to every row, then each row's remainder."""
+        from transformers import DynamicCache
+
+        self.cache, self.mask = DynamicCache(config=self.model.config), None
+        self.restarts += 1
+        shared = min(_common_prefix_length(contexts), min(len(c) for c in contexts) - 1)  # each row keeps >= 1 token
+        if shared > 0 and len(contexts) > 1:
+            self._forward([contexts[0][:shared]])
+            self.cache.batch_repeat_interleave(len(contexts))
+            self.mask = self.mask.repeat(len(contexts), 1)
+        self.held = [list(c) for c in contexts]
+        return self._forward([c[shared:] for c in contexts])
+
+    def _resume(self, contexts: list[list[int]], rows: list[int]) -> torch.Tensor:
+        if rows != list(range(len(self.held))):
+            index = torch.tensor(rows)
+            self.cache.batch_select_indices(index.to(self.device))
+            self.mask = self.mask[index]
+        chunks = [c[len(self.held[r]) :] for c, r in zip(contexts, rows)]
+        self.held = [list(c) for c in contexts]
+        return self._forward(chunks)
+
+    @torch.no_grad()
+    def __call__(self, contexts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+        if not contexts:
+            return []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._generate(contexts)
+        finally:
+            if was_training:
+                self.model.train()
+
+    def _generate(self, contexts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+        rows = self._match(contexts) if self.cache is not None else None
+        logits = self._start(contexts) if rows is None else self._resume(contexts, rows)
+        batch = len(contexts)
+        tokens = torch.full((batch, self.max_new_tokens), self.pad, dtype=torch.long)
+        logps = torch.zeros((batch, self.max_new_tokens))
+        fed = torch.zeros(batch, dtype=torch.long)  # answer tokens fed back (now in the cache) per row
+        live = torch.ones(batch, dtype=torch.bool)
+        steps = 0
+        for step in range(self.max_new_tokens):
+            scores = logits.to(dtype=torch.float32)
+            if self.temperature != 1.0:
+                scores = scores / self.temperature
+            sampled = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+            step_logps = torch.log_softmax(scores, dim=-1).gather(-1, sampled[:, None]).squeeze(1).cpu()
+            sampled = sampled.cpu()
+            tokens[:, step] = torch.where(live, sampled, self.pad)
+            logps[:, step] = step_logps
+            steps = step + 1
+            was_live = live
+            live = live & (sampled != self.eos)
+            if not live.any() or steps == self.max_new_tokens:
+                break
+            # feed this step's tokens; a row that had already ended feeds a masked pad
+            step_mask = was_live.long()[:, None]
+            self.mask = torch.cat([self.mask, step_mask], dim=1)
+            fed += was_live.long()
+            positions = (self.mask.sum(-1, keepdim=True) - 1).masked_fill(step_mask == 0, 0)
+            out = self.model(
+                input_ids=tokens[:, step : step + 1].to(self.device),
+                attention_mask=self.mask.to(self.device),
+                position_ids=positions.to(self.device),
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            self.cache, logits = out.cache, out.logits[:, -1]
+        answers = answers_until_eos(tokens[:, :steps], logps[:, :steps], self.eos)
+        self.held = [held + ids[: int(n)] for held, (ids, _), n in zip(self.held, answers, fed)]
+        return answers
+
+
 def play_episodes(
     generate: Callable[[list[list[int]]], list[tuple[list[int], list[float]]]],
     tokenizer,
