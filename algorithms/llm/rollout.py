@@ -22,7 +22,8 @@ from typing import Any, Callable, Sequence
 
 import gymnasium as gym
 import torch
-from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper
+from transformers import DynamicCache, LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper
+from transformers.cache_utils import DynamicLayer
 
 from algorithms.common.errors import VcbmGymError
 from algorithms.llm.prompting import initial_messages, prompt_chars, truncate_messages
@@ -217,6 +218,62 @@ def _common_prefix_length(contexts: list[list[int]]) -> int:
     return n
 
 
+class _ReservedLayer(DynamicLayer):
+    """A cache layer whose keys and values sit in buffers with room to spare (`reserve`).
+
+    transformers' DynamicLayer concatenates every step's keys and values onto the cache, a copy of
+    the whole cache per step and layer (most of a decoding step's time on the tiny model, measured);
+    here a step writes its slot in place and `keys` / `values` are views of the filled part.
+    """
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._length = 0
+        self._room = 0
+
+    def reserve(self, slots: int) -> None:
+        """Make room for `slots` more slots (the next call's new tokens and steps) before they arrive."""
+        self._room = slots
+
+    def _view(self) -> None:
+        keys, values = self._buffers
+        self.keys, self.values = keys[:, :, : self._length], values[:, :, : self._length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, add = self._length, key_states.shape[-2]
+        if self._buffers is None or n + add > self._buffers[0].shape[-2]:
+            capacity = n + max(add, self._room)
+            grown = []
+            for old, new in zip((self.keys, self.values), (key_states, value_states)):
+                buffer = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
+                if n:
+                    buffer[:, :, :n] = old
+                grown.append(buffer)
+            self._buffers = (grown[0], grown[1])
+        self._buffers[0][:, :, n : n + add] = key_states
+        self._buffers[1][:, :, n : n + add] = value_states
+        self._length = n + add
+        self._room = max(self._room - add, 0)
+        self._view()
+        return self.keys, self.values
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self._length:
+            self._buffers = tuple(b[:, :, : self._length].repeat_interleave(repeats, dim=0) for b in self._buffers)
+            self._view()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self._length:
+            self._buffers = tuple(b[indices, :, : self._length] for b in self._buffers)
+            self._view()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("the rollout cache only grows")
+
+
 class CachedGeneration:
     """Sampling for one rollout that keeps every episode's keys and values from one turn to the next.
 
@@ -224,8 +281,8 @@ class CachedGeneration:
     made for one `play_episodes` call. `hf_generate` re-encodes each live episode's whole context
     every turn; here a context that extends what the cache already holds for an episode (the
     previous context, the tokens sampled for it, then the environment's reply) only feeds its new
-    tokens. The first turn encodes the prefix that all contexts share (the system prompt, and for K
-    rollouts of one task the whole first prompt) once and copies its keys and values to every row.
+    tokens. The first turn encodes each distinct context once (the K rollouts of a task share their
+    first prompt) and, before that, the prefix that all of them share (the system prompt) once.
     A context that does not extend its episode's cache (the prompt truncation of
     algorithms.llm.prompting rewrote it) makes the call start over: every context is encoded
     anew, as `hf_generate` does.
@@ -268,6 +325,8 @@ class CachedGeneration:
     def _forward(self, chunks: list[list[int]]) -> torch.Tensor:
         """Feed each row its chunk of new tokens (left-padded, pads masked); the last position's logits, [rows, vocab]."""
         new_ids, new_mask = left_padded(chunks, self.pad)
+        for layer in self.cache.layers:
+            layer.reserve(new_ids.shape[1] + self.max_new_tokens)  # this chunk and the decoding steps after it
         mask = new_mask if self.mask is None else torch.cat([self.mask, new_mask], dim=1)
         positions = (mask.cumsum(-1) - 1)[:, -new_ids.shape[1] :].masked_fill(new_mask == 0, 0)
         out = self.model(
@@ -282,18 +341,28 @@ class CachedGeneration:
         return out.logits[:, -1]
 
     def _start(self, contexts: list[list[int]]) -> torch.Tensor:
-        """A fresh cache: the shared prefix encoded once and copied to every row, then each row's remainder."""
-        from transformers import DynamicCache
-
+        """A fresh cache: each distinct context encoded once (the K rollouts of a task share their first
+        prompt), the prefix that all of them share encoded once before that, then rows copied to their episodes."""
         self.cache, self.mask = DynamicCache(config=self.model.config), None
+        self.cache.layers = [_ReservedLayer() for _ in self.cache.layers]
         self.restarts += 1
-        shared = min(_common_prefix_length(contexts), min(len(c) for c in contexts) - 1)  # each row keeps >= 1 token
-        if shared > 0 and len(contexts) > 1:
-            self._forward([contexts[0][:shared]])
-            self.cache.batch_repeat_interleave(len(contexts))
-            self.mask = self.mask.repeat(len(contexts), 1)
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(c), len(distinct)) for c in contexts]
+        unique = [list(c) for c in distinct]
+        shared = min(_common_prefix_length(unique), min(len(c) for c in unique) - 1)  # each row keeps >= 1 token
+        if shared > 0 and len(unique) > 1:
+            self._forward([unique[0][:shared]])
+            self.cache.batch_repeat_interleave(len(unique))
+            self.mask = self.mask.repeat(len(unique), 1)
+        else:
+            shared = 0
+        logits = self._forward([c[shared:] for c in unique])
+        if len(unique) < len(contexts):
+            index = torch.tensor(rows)
+            self.cache.batch_select_indices(index.to(self.device))
+            self.mask, logits = self.mask[index], logits[index.to(logits.device)]
         self.held = [list(c) for c in contexts]
-        return self._forward([c[shared:] for c in contexts])
+        return logits
 
     def _resume(self, contexts: list[list[int]], rows: list[int]) -> torch.Tensor:
         if rows != list(range(len(self.held))):
