@@ -1,27 +1,30 @@
 """LLM arm throughput: rollouts per second and training tokens per second, before and after, side by side.
 
     python benchmarks/llm_throughput.py                      # 16 / 48 / 128 rollouts per iteration
-    python benchmarks/llm_throughput.py --sizes 16 48 --pairs 3 --model tiny-random
+    python benchmarks/llm_throughput.py --sizes 16 48 --iterations 5 --model tiny-random
 
 The setting of benchmarks/llm_learning.py: LOOP (`LoopTrainer`) on TextWatchRepair-v0 with 3 turns, the
 warm-started tiny model (`--model tiny`, algorithms.llm.warm_start), the zoo entry's CPU settings (4
 rollouts per task, micro-batches of up to 16 rollouts, 2 optimizer steps per iteration, 8 new tokens per
-turn, one torch thread). For each number of rollouts per iteration one trainer runs 1 + 2 x PAIRS
-iterations; after the first (a warm-up, not counted) they alternate between the two rollout paths:
+turn, one torch thread). For each number of rollouts per iteration one trainer runs 1 + ITERATIONS
+iterations (the first warms up and is not counted), and plays every iteration's rollout twice, from the
+same random state, once on each path (which goes first alternates):
 
 - before: `hf_generate` every turn, re-encoding each live episode's whole context (the earlier path,
   kept as `LoopTrainer.reencode_rollouts`);
-- after: `CachedGeneration`, each episode's keys and values kept from one turn to the next and the
-  prompt prefix that all episodes share encoded once (the default).
+- after: `CachedGeneration` (the default), each episode's keys and values kept from one turn to the next,
+  each distinct first prompt and the prefix all prompts share encoded once.
 
-Alternating iterations of one trainer put both paths under the same machine load, which on a shared
-machine changes from minute to minute; what is compared is the ratio. Per path and size it prints the
-median over its iterations of: rollouts per second (rollouts / the rollout's wall time), training tokens
-per second (the iteration's sequence tokens, prompt and completion, times the optimizer steps over them,
-/ the rest of the iteration: the reference log-probs, the credit rule and the optimizer steps), and the
-time per iteration. The last lines give each size's rollouts per second against the "before" path at
-the smallest size (the issue's acceptance: at 48 rollouts per iteration, at least 3x that at 16).
-`--json PATH` also writes the rows.
+Both paths thus play the same tasks with the same weights, back to back under the same machine load
+(which on a shared machine changes from minute to minute); they must sample the same tokens, and the
+largest log-prob difference between them is printed. Per size, medians over the counted iterations of:
+rollouts per second on each path (rollouts / the rollout's wall time) and their ratio; training tokens per
+second (the iteration's sequence tokens, prompt and completion, times the 2 optimizer steps over them,
+/ the rest of the iteration: reference log-probs, credit rule, optimizer steps; the same code on both
+paths); and the share of padding in the training batch (TRL pads every sequence to the longest prompt
+plus the longest completion). The last lines give each size's rollouts per second on the new path
+against the earlier path at the smallest size (the issue's acceptance: at 48 rollouts per iteration,
+at least 3x the earlier path's at 16). `--json PATH` also writes the rows.
 """
 
 from __future__ import annotations
@@ -57,11 +60,39 @@ def _model(name: str):
 
 
 def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str):
+    """A LoopTrainer (the zoo entry's CPU settings) whose every rollout is played by both paths, timed."""
     import numpy as np
+    import torch
     from datasets import Dataset
 
     from algorithms.llm.config import LoopConfig
     from algorithms.llm.trainer import LoopTrainer
+
+    class PairedRollouts(LoopTrainer):
+        """Each iteration's rollout is played twice from the same random state, once per path (the order
+        alternates), so both see the same weights and the same tasks; their tokens and log-probs are compared."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.rollout_times: list[dict[str, float]] = []
+            self.max_logprob_gap = 0.0
+            self.same_tokens = True
+
+        def _rollout(self, prompts, trainer):
+            order = METHODS if len(self.rollout_times) % 2 == 0 else METHODS[::-1]
+            state, times, played = torch.random.get_rng_state(), {}, {}
+            for method in order:
+                torch.random.set_rng_state(state)
+                self.reencode_rollouts = method == "before"
+                start = time.perf_counter()
+                result = super()._rollout(prompts, trainer)
+                times[method], played[method] = time.perf_counter() - start, self._episodes
+            for a, b in zip(played["before"], played["after"]):
+                self.same_tokens &= a.completion_ids == b.completion_ids
+                gaps = [abs(x - y) for x, y in zip(a.logprobs, b.logprobs)]
+                self.max_logprob_gap = max([self.max_logprob_gap, *gaps])
+            self.rollout_times.append(times)
+            return result
 
     model, tokenizer = _model(name)
     args = LoopConfig(
@@ -85,7 +116,7 @@ def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str):
     )
     seeds = np.random.default_rng(seed).integers(0, 2**31 - 1, size=max(64, rollouts // K))
     dataset = Dataset.from_dict({"prompt": [str(int(s)) for s in seeds]})
-    return LoopTrainer(
+    return PairedRollouts(
         model=model,
         args=args,
         train_dataset=dataset,
@@ -95,46 +126,42 @@ def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str):
     )
 
 
-def measure(name: str, rollouts: int, pairs: int, seed: int = 0) -> dict[str, list[dict[str, float]]]:
-    """Per method, one row per counted iteration: rollouts/s, training tokens/s, iteration time."""
-    from transformers import TrainerCallback
-
-    rows: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
-
-    class Alternate(TrainerCallback):
-        """After each iteration (after the trainer's own metrics): record it, then switch paths."""
-
-        def __init__(self) -> None:
-            self.trainer = None
-            self.count = 0
-
-        def on_step_end(self, args, state, control, **kwargs):
-            trainer = self.trainer
-            if state.global_step % args.num_iterations:
-                return
-            method = "before" if trainer.reencode_rollouts else "after"
-            last = trainer.history[-1]
-            tokens = sum(len(e.prompt_ids) + len(e.completion_ids) for e in trainer._episodes) * args.num_iterations
-            train_time = last["iteration_time_s"] - last["rollout_time_s"]
-            if self.count > 0:  # the first iteration warms up (allocations, lazy imports)
-                rows[method].append(
-                    {
-                        "rollouts_per_s": rollouts / last["rollout_time_s"],
-                        "train_tokens_per_s": tokens / train_time,
-                        "iteration_s": last["iteration_time_s"],
-                        "rollout_s": last["rollout_time_s"],
-                    }
-                )
-            self.count += 1
-            trainer.reencode_rollouts = self.count % 2 == 1  # counted iterations: before, after, before, ...
+def measure(name: str, rollouts: int, iterations: int, seed: int = 0) -> dict:
+    """Per counted iteration (the first warms up): each path's rollouts/s, and the training pass's tokens/s."""
+    from transformers import PrinterCallback, TrainerCallback
 
     with tempfile.TemporaryDirectory() as out:
-        trainer = _trainer(name, rollouts, 1 + 2 * pairs, seed, out)
-        callback = Alternate()
-        callback.trainer = trainer
-        trainer.add_callback(callback)
+        trainer = _trainer(name, rollouts, 1 + iterations, seed, out)
+        rows: list[dict[str, float]] = []
+
+        class Record(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step % args.num_iterations:
+                    return
+                last, episodes = trainer.history[-1], trainer._episodes
+                tokens = sum(len(e.prompt_ids) + len(e.completion_ids) for e in episodes)
+                # TRL pads the generation batch to its longest prompt (left) plus its longest completion (right)
+                width = max(len(e.prompt_ids) for e in episodes) + max(len(e.completion_ids) for e in episodes)
+                times = trainer.rollout_times[-1]
+                rows.append(
+                    {
+                        **{f"rollouts_per_s_{m}": rollouts / times[m] for m in METHODS},
+                        **{f"rollout_s_{m}": times[m] for m in METHODS},
+                        # both rollouts are in the iteration's rollout time; the rest is the training pass
+                        "train_tokens_per_s": tokens * args.num_iterations / (last["iteration_time_s"] - last["rollout_time_s"]),
+                        "train_s": last["iteration_time_s"] - last["rollout_time_s"],
+                        "padding_share": 1.0 - tokens / (len(episodes) * width),
+                    }
+                )
+
+        trainer.add_callback(Record())
+        trainer.remove_callback(PrinterCallback)  # the per-step log dicts
         trainer.train()
-    return rows
+    return {
+        "iterations": rows[1:],
+        "same_tokens": trainer.same_tokens,
+        "max_logprob_gap": trainer.max_logprob_gap,
+    }
 
 
 def _median(rows: list[dict[str, float]], key: str) -> float:
@@ -144,14 +171,14 @@ def _median(rows: list[dict[str, float]], key: str) -> float:
 def run(argv: list[str]) -> dict:
     parser = cli.ArgumentParser(prog="llm_throughput.py", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 48, 128], help="rollouts per iteration")
-    parser.add_argument("--pairs", type=int, default=2, help="counted iterations per path and size")
+    parser.add_argument("--iterations", type=int, default=3, help="counted iterations per size (after one warm-up)")
     parser.add_argument("--model", choices=("tiny", "tiny-random"), default="tiny")
     parser.add_argument("--json", help="also write the measured rows here")
     args = parser.parse_args(argv)
     bad = [n for n in args.sizes if n < K or n % K]
     if bad:
         raise VcbmGymError(f"--sizes {' '.join(map(str, bad))}: expected multiples of {K} (rollouts per task)")
-    cli.check_int(args.pairs, "--pairs", 1)
+    cli.check_int(args.iterations, "--iterations", 1)
     if args.json:
         target = Path(args.json)
         if target.is_dir() or not target.parent.is_dir():
@@ -162,27 +189,33 @@ def run(argv: list[str]) -> dict:
 
     torch.set_num_threads(1)
     start = time.perf_counter()
-    results = {n: measure(args.model, n, args.pairs) for n in args.sizes}
+    results = {n: measure(args.model, n, args.iterations) for n in args.sizes}
     print(
         f"{ENV_ID}, {TURNS} turns, model {args.model}, {K} rollouts per task, micro-batches of up to {MICRO_BATCH}, "
-        f"1 torch thread; medians of {args.pairs} iterations per path ({time.perf_counter() - start:.0f} s in all)"
+        f"1 torch thread; medians of {args.iterations} iterations ({time.perf_counter() - start:.0f} s in all)"
     )
-    header = f"{'rollouts/iter':>13} {'path':>7} {'rollouts/s':>11} {'train tok/s':>12} {'s/iteration':>12} {'rollout s':>10}"
-    print(header)
-    for n, rows in results.items():
-        for method in METHODS:
-            r = rows[method]
-            print(
-                f"{n:>13} {method:>7} {_median(r, 'rollouts_per_s'):>11.1f} {_median(r, 'train_tokens_per_s'):>12.0f} "
-                f"{_median(r, 'iteration_s'):>12.2f} {_median(r, 'rollout_s'):>10.2f}"
-            )
+    print(
+        f"{'rollouts/iter':>13} {'rollouts/s before':>18} {'after':>8} {'ratio':>6} {'rollout s before':>17} {'after':>6} "
+        f"{'train tok/s':>12} {'train s':>8} {'padding':>8}"
+    )
+    for n, result in results.items():
+        r = result["iterations"]
+        before, after = _median(r, "rollouts_per_s_before"), _median(r, "rollouts_per_s_after")
+        print(
+            f"{n:>13} {before:>18.1f} {after:>8.1f} {after / before:>6.2f} {_median(r, 'rollout_s_before'):>17.2f} "
+            f"{_median(r, 'rollout_s_after'):>6.2f} {_median(r, 'train_tokens_per_s'):>12.0f} {_median(r, 'train_s'):>8.2f} "
+            f"{_median(r, 'padding_share'):>8.0%}"
+        )
+    same = all(result["same_tokens"] for result in results.values())
+    gap = max(result["max_logprob_gap"] for result in results.values())
+    print(f"same tokens on both paths: {'yes' if same else 'NO'}; largest log-prob difference {gap:.1e}")
     base_n = min(args.sizes)
-    base = _median(results[base_n]["before"], "rollouts_per_s")
-    for n, rows in results.items():
-        ratio = _median(rows["after"], "rollouts_per_s") / base
+    base = _median(results[base_n]["iterations"], "rollouts_per_s_before")
+    for n, result in results.items():
+        ratio = _median(result["iterations"], "rollouts_per_s_after") / base
         print(f"rollouts/s at {n} (after) / at {base_n} (before): {ratio:.2f}x")
     if args.json:
-        cli.atomic_write_json(args.json, {str(n): rows for n, rows in results.items()})
+        cli.atomic_write_json(args.json, {str(n): result for n, result in results.items()})
     return results
 
 
