@@ -17,6 +17,7 @@ log-probabilities absorbs the difference.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -57,15 +58,23 @@ def render(tokenizer, messages: list[dict[str, str]], add_generation_prompt: boo
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
+_DUMMY_EXCHANGE = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "\x1fA\x1f"}]
+
+
+@functools.lru_cache(maxsize=8)
+def _closed_exchange(tokenizer, template: str) -> str:
+    """The rendered dummy exchange: it does not depend on the observation (rendered once per tokenizer and template)."""
+    return render(tokenizer, _DUMMY_EXCHANGE, add_generation_prompt=False)
+
+
 def env_reply_text(tokenizer, observation: str, answer_closed: bool) -> str:
     """The template text between a model answer and the next answer: end of turn, user turn, header.
 
     Found by rendering a dummy exchange with and without the extra user turn, so any chat template
     works (including those that inject a default system prompt).
     """
-    base = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "\x1fA\x1f"}]
-    closed = render(tokenizer, base, add_generation_prompt=False)
-    full = render(tokenizer, base + [{"role": "user", "content": observation}], add_generation_prompt=True)
+    closed = _closed_exchange(tokenizer, str(tokenizer.chat_template))
+    full = render(tokenizer, _DUMMY_EXCHANGE + [{"role": "user", "content": observation}], add_generation_prompt=True)
     if not full.startswith(closed):
         raise ValueError("the chat template does not render conversations as extensions of their prefixes")
     tail = closed[closed.rindex("\x1fA\x1f") + 3 :]
@@ -475,18 +484,20 @@ def play_episodes(
             else:
                 contexts.append(e.prompt_ids + e.completion_ids)
         answers = generate(contexts)
-        for i, (ids, lps) in zip(live, answers):
+        texts = tokenizer.batch_decode([ids for ids, _ in answers], skip_special_tokens=True)
+        replies: dict[int, str] = {}  # episode -> the template text of its env reply (tokenized together below)
+        for i, (ids, lps), text in zip(live, answers, texts):
             e, env = episodes[i], envs[i]
             if max_episode_tokens is not None:
                 room = max_episode_tokens - len(e.prompt_ids) - len(e.completion_ids)
                 if len(ids) >= room:  # this answer reaches the bound: the episode's last turn
                     ids, lps = ids[:room], lps[:room]
                     e.token_bound_reached = True
+                    text = tokenizer.decode(ids, skip_special_tokens=True)
             e.completion_ids += ids
             e.env_mask += [1] * len(ids)
             e.logprobs += lps
             e.turn_ids += [turn] * len(ids)
-            text = tokenizer.decode(ids, skip_special_tokens=True)
             obs, reward, terminated, truncated, info = env.step(text)
             e.episode_return += float(reward)
             e.state_mutating.append(bool(info.get("state_mutating", False)))
@@ -496,14 +507,18 @@ def play_episodes(
             e.last_info = dict(info)
             e.messages += [{"role": "assistant", "content": text}, {"role": "user", "content": str(obs)}]
             e.done = bool(terminated or truncated) or turn == max_turns - 1 or e.token_bound_reached
-            if not e.done:
-                closed = bool(ids) and ids[-1] == tokenizer.eos_token_id
-                reply = tokenizer(env_reply_text(tokenizer, str(obs), closed), add_special_tokens=False)["input_ids"]
-                length = len(e.prompt_ids) + len(e.completion_ids) + len(reply)
-                if max_episode_tokens is not None and length >= max_episode_tokens:
-                    e.done = e.token_bound_reached = True  # no room for the next answer
             if e.done:
                 e.final_text = str(obs)
+            else:
+                closed = bool(ids) and ids[-1] == tokenizer.eos_token_id
+                replies[i] = env_reply_text(tokenizer, str(obs), closed)
+        encoded = tokenizer(list(replies.values()), add_special_tokens=False)["input_ids"] if replies else []
+        for i, reply in zip(replies, encoded):
+            e = episodes[i]
+            length = len(e.prompt_ids) + len(e.completion_ids) + len(reply)
+            if max_episode_tokens is not None and length >= max_episode_tokens:
+                e.done = e.token_bound_reached = True  # no room for the next answer
+                e.final_text = e.messages[-1]["content"]
             else:
                 e.completion_ids += reply
                 e.env_mask += [0] * len(reply)
