@@ -12,7 +12,7 @@ import torch  # noqa: E402
 import vcbm_gym  # noqa: E402, F401
 from algorithms.llm.prompting import initial_messages, prompt_chars  # noqa: E402
 from algorithms.llm.rollout import CachedGeneration, full_attention_only, hf_generate, play_episodes  # noqa: E402
-from algorithms.llm.tiny import build_tiny  # noqa: E402
+from algorithms.llm.tiny import build_tiny, build_tiny_model  # noqa: E402
 
 # Both paths compute a row's logits from the same tokens at the same positions, summed in other
 # chunks (a cache of earlier keys instead of one pass), so they differ by float32 rounding only:
@@ -83,7 +83,27 @@ def test_cached_generation_starts_over_when_truncation_rewrites_a_context(tiny):
 
 
 def test_models_with_a_sliding_window_are_left_to_reencoding():
-    model, _ = build_tiny(0)  # its own copy: the config is changed below
+    model = build_tiny_model(vocab_size=32)  # its own model: the config is changed below
     assert full_attention_only(model)
     model.config.layer_types = ["sliding_attention"] + list(model.config.layer_types[1:])
     assert not full_attention_only(model)  # a sliding window counts cache slots, holes included: re-encode
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--sizes", "16", "6"], "--sizes 6: expected multiples of 4"),
+        (["--iterations", "0"], "--iterations"),
+        (["--json", "/nonexistent-folder/rows.json"], "--json /nonexistent-folder/rows.json"),
+    ],
+)
+def test_the_throughput_benchmark_refuses_bad_input_in_one_line(tmp_path, argv, expected):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "llm_throughput.py"
+    done = subprocess.run([sys.executable, str(script), *argv], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0]
