@@ -53,7 +53,7 @@ from trl import GRPOTrainer
 from algorithms.common import cli
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.llm.config import LoopConfig, rule_kwargs
-from algorithms.llm.rollout import Episode, hf_generate, play_episodes
+from algorithms.llm.rollout import CachedGeneration, Episode, full_attention_only, hf_generate, play_episodes
 from algorithms.registry import load_object
 from vcbm_gym.credit.base import EpisodeBatch, make_rule
 
@@ -312,6 +312,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         writer=None,
     ) -> None:
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
+        self.reencode_rollouts = False  # True: the earlier rollout path (hf_generate every turn), for comparisons
         self._env_pool: list[gym.Env] = []
         check_turn_limits(args.max_turns, self._envs(1)[0], env_id)
         self.writer = writer
@@ -348,6 +349,19 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             model, self.processing_class, contexts, self.args.max_new_tokens_per_turn, self.args.temperature, self._sharded
         )
 
+    def _rollout_generation(self):
+        """The generation of one rollout: vLLM, else transformers with each episode's keys and values kept across turns.
+
+        `CachedGeneration` (algorithms.llm.rollout) feeds only a turn's new tokens; `hf_generate`
+        re-encodes every context each turn, and stays for sharded models (synced generation), models
+        with sliding-window or linear attention, and `reencode_rollouts` (the earlier path, which
+        benchmarks/llm_throughput.py measures side by side).
+        """
+        model = self.accelerator.unwrap_model(self.model)
+        if self.use_vllm or self._sharded or self.reencode_rollouts or not full_attention_only(model):
+            return self._generate_answers
+        return CachedGeneration(model, self.processing_class, self.args.max_new_tokens_per_turn, self.args.temperature)
+
     @property
     def _sharded(self) -> bool:
         """FSDP shards the weights: each forward pass is a collective that every process must join.
@@ -372,7 +386,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         seeds = [int(p) for p in prompts]
         start = time.perf_counter()
         episodes = play_episodes(
-            self._generate_answers,
+            self._rollout_generation(),
             self.processing_class,
             self._envs(len(seeds)),
             seeds,
