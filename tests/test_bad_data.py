@@ -183,3 +183,25 @@ def test_a_run_on_an_env_with_a_nan_reward_is_refused_with_one_line(bad_reward_e
     assert "nan" in err[0] and bad_reward_env_ids[which] in err[0]
     summary = log_dir / "summary.json"
     assert not summary.exists() or not math.isnan(json.loads(summary.read_text())["mean_return_last_episodes"])
+
+
+def test_the_llm_rollout_refuses_a_nan_reward_at_its_turn_instead_of_averaging_it():
+    """The LLM arm's mean return must not turn NaN: play_episodes checks each turn's reward (one line, naming it)."""
+    pytest.importorskip("transformers")
+    from algorithms.llm.rollout import play_episodes
+    from algorithms.llm.tiny import build_tiny
+
+    _, tok = build_tiny(0)
+    env = gym.make("TextWatchRepair-v0")
+    step, turns = env.step, []
+
+    def nan_on_second_turn(action):
+        obs, reward, terminated, truncated, info = step(action)
+        turns.append(action)
+        return obs, (float("nan") if len(turns) == 2 else reward), terminated, truncated, info
+
+    env.step = nan_on_second_turn
+    answer = tok("Thought : wait for it Action : wait ( )", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    with pytest.raises(ContractError, match=r"returned reward nan at turn 2 of the episode of task seed 11") as raised:
+        play_episodes(lambda contexts: [(answer, [-0.1] * len(answer))] * len(contexts), tok, [env], [11], max_turns=4)
+    assert "\n" not in str(raised.value)

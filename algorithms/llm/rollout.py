@@ -28,6 +28,7 @@ from transformers.cache_utils import DynamicLayer
 
 from algorithms.common.errors import VcbmGymError
 from algorithms.llm.prompting import initial_messages, prompt_chars, truncate_messages
+from vcbm_gym.contract import check_reward, env_name
 
 
 @dataclass
@@ -499,7 +500,7 @@ def play_episodes(
             e.logprobs += lps
             e.turn_ids += [turn] * len(ids)
             obs, reward, terminated, truncated, info = env.step(text)
-            e.episode_return += float(reward)
+            e.episode_return += check_reward(reward, env_name(env), f"turn {turn + 1} of the episode of task seed {e.task_seed}")
             e.state_mutating.append(bool(info.get("state_mutating", False)))
             e.turn_texts.append(str(info.get("execution_output", obs)))
             e.effects.append(info.get("effect"))
