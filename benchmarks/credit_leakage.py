@@ -36,6 +36,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import yaml
 from scipy import stats
 
 import vcbm_gym  # noqa: F401  (registers WatchRepair-v0)
@@ -142,8 +143,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--episodes", type=int, default=2048, help="episodes per seed")
     parser.add_argument("--batch-episodes", type=int, default=64, help="episodes per batch (a PPO rollout)")
     parser.add_argument("--decision-step", type=int, default=0, help="the step whose action decides the outcome")
+    parser.add_argument("--env-kwargs", default="{}", help="YAML mapping of env constructor arguments")
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="JSON output file")
     args = parser.parse_args(argv)
+    try:
+        args.env_kwargs = yaml.safe_load(args.env_kwargs)
+    except yaml.YAMLError:
+        args.env_kwargs = None
+    if not isinstance(args.env_kwargs, dict):
+        raise VcbmGymError(f"--env-kwargs {argv[argv.index('--env-kwargs') + 1]!r}: expected a YAML mapping")
     rules = [name.strip() for name in args.rules.split(",") if name.strip()]
     unknown = [name for name in rules if name not in RULES]
     if not rules or unknown:
@@ -164,7 +172,7 @@ def run(argv: list[str]) -> dict[str, Any] | None:
     args = parse(argv)
     started = provenance.start()
     try:
-        env = gym.make(args.env)
+        env = gym.make(args.env, **args.env_kwargs)
     except Exception as exc:  # an unregistered id, a missing optional package: not this benchmark's failure
         print(f"skip: env {args.env!r} is not available here ({type(exc).__name__}: {exc})")
         return None
@@ -195,10 +203,12 @@ def run(argv: list[str]) -> dict[str, Any] | None:
             "seconds_per_seed": (time.perf_counter() - start) / len(seeds),
         }
         print(f"{name}: {rows[name]['mean']:.3f} [{low:.3f}, {high:.3f}]", file=sys.stderr)
-    table = markdown_table(args.env, rows, len(seeds))
+    shown = args.env + (f" {args.env_kwargs}" if args.env_kwargs else "")
+    table = markdown_table(shown, rows, len(seeds))
     print(table)
     result = {
         "env": args.env,
+        "env_kwargs": args.env_kwargs,
         "decision_step": args.decision_step,
         "behaviour_policy": "uniform random",
         "seeds": len(seeds),
