@@ -81,12 +81,13 @@ def credit_name(value: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    usable = [NO_CREDIT, *(name for name in RULES if rule_refusal(name) is None)]
+    # Only the chosen rule's module is imported (to read its needs): a plain tabular run never imports torch.
     parser.add_argument(
         "--credit",
         type=credit_name,
         default=None,
-        help=f"credit rule for td and mc, one of: {', '.join(usable)} (its arguments: --hyperparams credit_kwargs=...)",
+        help=f"credit rule for td and mc: {NO_CREDIT} or a rule of {', '.join(RULES)} whose needs the tabular batch "
+        "meets (its arguments: --hyperparams credit_kwargs=...)",
     )
 
 
