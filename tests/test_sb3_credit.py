@@ -16,10 +16,11 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 import vcbm_gym  # noqa: F401  (registers WatchRepair-v0)
 from algorithms.common.errors import VcbmGymError
 from algorithms.sb3.callbacks import CreditCallback, complete_episodes, discounted_returns_to_go
-from algorithms.sb3.wrappers import EpisodeRedistributionBuffer, return_equivalent_rewards
+from algorithms.sb3.wrappers import EpisodeRedistributionBuffer
 from algorithms.train import run as train
 from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.broadcast import BroadcastRule
+from vcbm_gym.credit.redistribute import return_equivalent_rewards
 from vcbm_gym.credit.vcbm_bookmark import VCBMBookmarkRule
 
 HORIZON = 50  # WatchRepair-v0's episode length

@@ -30,13 +30,7 @@ import numpy as np
 from stable_baselines3.common.buffers import ReplayBuffer
 
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
-
-
-def return_equivalent_rewards(advantages: np.ndarray, mask: np.ndarray, returns: np.ndarray) -> np.ndarray:
-    """(B, T) r'_t = A_t + (G - sum_s A_s) / n on masked steps, 0 elsewhere."""
-    n = mask.sum(axis=1)
-    residual = np.divide(returns - np.where(mask, advantages, 0.0).sum(axis=1), n, out=np.zeros(len(n)), where=n > 0)
-    return np.where(mask, advantages + residual[:, None], 0.0)
+from vcbm_gym.credit.redistribute import return_equivalent_rewards
 
 
 class EpisodeRedistributionBuffer(ReplayBuffer):

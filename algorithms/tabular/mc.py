@@ -11,6 +11,14 @@ so that the two differ only in their learning target:
 The default step size alpha = 0.1 is RUDDER's direct-Q rate, so this baseline is RUDDER minus the
 redistribution. With it the table tracks the noisy return (sd ~11 against brand effects of at most
 5) with an exponential average of sd ~2.5 and rarely reaches 95% correct decisions.
+With a credit rule (`--credit RULE`, algorithms/tabular/credit.py) the target of step 2 is the rule's
+first return-equivalent reward r'_0 instead of G: RUDDER's direct Q estimate (arXiv:1806.07857,
+Sec. 3: under a redistribution that leaves no expected reward to come, q(s_t, a_t) = E[r'_t]), the
+target tabular RUDDER uses (rudder.py). The sum of r' from the first step is G again (return
+equivalence), so a Monte Carlo return of r' would change nothing; r'_0 is where a rule's credit
+differs. `mc --credit rudder` is thus the `rudder` learner with its redistribution made
+return-equivalent (`rudder` takes the LSTM's first difference as is).
+
 `alpha: null` uses the sample average 1/n(s_0, a_0) (first-visit Monte Carlo control), a much
 stronger baseline on this one-decision task: a simulation of it converged in ~750-3,400 episodes.
 """
@@ -18,9 +26,12 @@ stronger baseline on this one-decision task: a simulation of it converged in ~75
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from algorithms.common.validation import NON_NEGATIVE, UNIT, Range, Validated
 from algorithms.tabular.base import FirstDecisionAgent
+from algorithms.tabular.credit import EpisodeCredit
+from vcbm_gym.credit.base import CreditRule
 
 
 @dataclass
@@ -36,8 +47,29 @@ class MonteCarloConfig(Validated):
 class MonteCarloAgent(FirstDecisionAgent):
     config_class = MonteCarloConfig
 
+    def __init__(
+        self, observation_space, action_space, config, seed: int, component_names=None, credit: CreditRule | None = None
+    ):
+        super().__init__(observation_space, action_space, config, seed, component_names)
+        self.credit = EpisodeCredit(credit) if credit is not None else None
+
+    def observe(self, obs, action, reward, next_obs, done) -> None:
+        super().observe(obs, action, reward, next_obs, done)
+        if self.credit is not None:
+            self.credit.record(obs, action, reward, next_obs, done)
+
     def end_episode(self) -> dict[str, float]:
-        episode_return = float(sum(self._rewards))
-        self.update_first_decision(episode_return, self.config.alpha)
+        scalars: dict[str, float] = {}
+        if self.credit is None:
+            target = float(sum(self._rewards))
+        else:
+            redistributed = self.credit.redistribute()
+            self.credit.clear()
+            target = float(redistributed[0])
+            scalars["credit/redistributed_reward_t0"] = target
+        self.update_first_decision(target, self.config.alpha)
         self.clear_episode()
-        return super().end_episode()
+        return {**super().end_episode(), **scalars}
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), **(self.credit.summary() if self.credit is not None else {})}

@@ -11,6 +11,11 @@ rewrites the array it returned cannot make every component look static) and acti
 from 0 (a Discrete space's `start` is added back for the env). A float Box observation, a
 non-Discrete action space, or an agent that cannot take the env's actions (tabular VCBM wants
 exactly two) is refused in `resolve` with one line, before the log dir exists.
+
+`--credit RULE` (td and mc: the agents with a credit slot, algorithms/tabular/credit.py) builds the
+rule on the agent's spaces and hands it to the agent, which learns from the rule's return-equivalent
+rewards; its arguments go under `credit_kwargs`, keyed by rule name. A rule the tabular episode cannot
+feed, or `--credit` with an agent that has its own credit (vcbm, rudder), is refused in `resolve`.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from algorithms.common.run_context import RunContext
 from algorithms.common.scalar_writer import ScalarWriter
 from algorithms.common.validation import AT_LEAST_ONE
 from algorithms.registry import get_algo, load_object
+from algorithms.tabular import credit as credit_slot
 from algorithms.tabular.base import TabularAgent
 from algorithms.tabular.observations import TabularObservations, UntabulableSpace
 from vcbm_gym.credit.features import SpaceFeaturizer
@@ -47,12 +53,32 @@ class TabularRunConfig(EpisodeRunConfig):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Tabular agents need no flags beyond the common ones."""
+    """`--credit RULE`, for the agents with a credit slot."""
+    credit_slot.add_arguments(parser)
 
 
-def _classes(algo: str) -> tuple[type[TabularAgent], type]:
+def flag_hyperparams(args: argparse.Namespace) -> dict[str, Any]:
+    """The runner's flags as hyperparameters, so that the resolved config holds them."""
+    return credit_slot.flag_hyperparams(args)
+
+
+def _classes(algo: str) -> tuple[type[TabularAgent], list[type]]:
+    """The agent class and the config dataclasses its hyperparameters fill (the run's, the agent's, the credit slot's)."""
     agent_cls = load_object(get_algo(algo).target)
-    return agent_cls, agent_cls.config_class
+    slot = [credit_slot.CreditSlotConfig] if credit_slot.has_credit_slot(agent_cls) else []
+    return agent_cls, [TabularRunConfig, agent_cls.config_class, *slot]
+
+
+def _configs(algo: str, mapping: Mapping[str, Any]) -> tuple[type[TabularAgent], list[Any]]:
+    agent_cls, classes = _classes(algo)
+    if credit_slot.CreditSlotConfig not in classes:
+        given = [key for key in ("credit", "credit_kwargs") if key in mapping]
+        if given:
+            raise VcbmGymError(
+                f"algo {algo!r} has no credit slot (its credit assignment is its own), got {given[0]}; "
+                "expected --credit with td or mc"
+            )
+    return agent_cls, build_dataclasses(mapping, classes, owner=f"algo {algo!r}")
 
 
 def tabular_spaces(algo: str, env_id: str, env: Any, agent_cls: type[TabularAgent], agent_cfg: Any):
@@ -87,20 +113,23 @@ def tabular_env_kwargs(env_id: str, env_kwargs: Mapping[str, Any]) -> dict[str, 
 
 
 def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
-    agent_cls, config_cls = _classes(algo)
-    run_cfg, agent_cfg = build_dataclasses(mapping, [TabularRunConfig, config_cls], owner=f"algo {algo!r}")
-    # bad env_kwargs and spaces the agent cannot take fail here, before the log dir exists
+    agent_cls, configs = _configs(algo, mapping)
+    run_cfg, agent_cfg = configs[:2]
+    # bad env_kwargs, spaces the agent cannot take and a rule that cannot run fail here, before the log dir exists
     env = make_env(env_id, tabular_env_kwargs(env_id, run_cfg.env_kwargs), disable_env_checker=True)
     try:
-        tabular_spaces(algo, env_id, env, agent_cls, agent_cfg)
+        observations, agent_actions = tabular_spaces(algo, env_id, env, agent_cls, agent_cfg)
+        if len(configs) > 2:
+            view = credit_slot.AgentSpacesView(env, observations.space, agent_actions)
+            credit_slot.build_rule(configs[2], view, seed=0)
     finally:
         env.close()
-    return as_plain_dict(run_cfg, agent_cfg)
+    return as_plain_dict(*configs)
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
-    agent_cls, config_cls = _classes(ctx.algo)
-    run_cfg, agent_cfg = build_dataclasses(ctx.hyperparams, [TabularRunConfig, config_cls], owner=f"algo {ctx.algo!r}")
+    agent_cls, configs = _configs(ctx.algo, ctx.hyperparams)
+    run_cfg, agent_cfg = configs[:2]
     # The passive env checker only inspects the first reset and step; the env tests run the full checkers.
     env = make_env(ctx.env_id, tabular_env_kwargs(ctx.env_id, run_cfg.env_kwargs), disable_env_checker=True)
     log_env_to_run_dir(env, ctx.log_dir, run_cfg.env_kwargs)
@@ -112,6 +141,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
     if "featurizer" in inspect.signature(agent_cls).parameters:
         own = getattr(env.unwrapped, "credit_featurizer", None)
         extra["featurizer"] = own() if callable(own) else SpaceFeaturizer(observations.space, agent_actions)
+    if len(configs) > 2:
+        view = credit_slot.AgentSpacesView(env, observations.space, agent_actions)
+        extra["credit"] = credit_slot.build_rule(configs[2], view, seed=ctx.seed)
     agent = agent_cls(observations.space, agent_actions, agent_cfg, ctx.seed, component_names=names, **extra)
     outcomes = EpisodeOutcomes(ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold), repr(ctx.env_id))
     writer = ScalarWriter(ctx.log_dir)
