@@ -204,30 +204,35 @@ def table_markdown(results: dict[str, Any]) -> str:
 
 def plot_experiments(results: dict[str, Any], jobs: list[Job], out: Path) -> list[str]:
     """bsuite's own plots per experiment and algo: `analysis.plot_scale` (regret at bsuite's last episode
-    against the setting) for the bsuite protocol, `analysis.plot_learning` (regret through time) for runs
-    shorter than bsuite's, which plot_scale refuses."""
+    against the setting) where every run played bsuite's episodes, else, or where bsuite's plot_scale fails on
+    this pandas / plotnine, `analysis.plot_learning` (regret through time). A plot bsuite cannot draw is one
+    warning line: the scores stand without it."""
     written = []
     for experiment, block in results["experiments"].items():
         analysis = importlib.import_module(f"bsuite.experiments.{experiment}.analysis")
         ids = {setting["bsuite_id"] for setting in block["settings"]}
         full = all(setting["episodes"] >= analysis.NUM_EPISODES for setting in block["settings"])
-        plot = getattr(analysis, "plot_scale" if full else "plot_learning", None)
-        if plot is None:
-            continue
+        plots = [
+            getattr(analysis, name) for name in ("plot_scale", "plot_learning")[0 if full else 1 :] if hasattr(analysis, name)
+        ]
         for label in block["algos"]:
             mine = [job for job in jobs if job.label.partition(" on ")[0] == label and job.label.partition(" on ")[2] in ids]
             frame, _ = bsuite_score.load_results(env_logs(mine))
             name = f"{experiment}_{label}.png".replace("+", "_plus_")
             tmp = out / f".{name}.tmp.png"
-            try:
-                plot(frame).save(tmp, width=6, height=4, dpi=100, verbose=False)
-            except Exception as exc:  # bsuite's plotting code against this plotnine; the scores stand without it
-                tmp.unlink(missing_ok=True)
-                print(f"warning: bsuite's {plot.__name__} for {experiment} / {label} failed: {executor.failure_line(exc)}",
-                      file=sys.stderr)  # fmt: skip
-                continue
-            tmp.replace(out / name)
-            written.append(name)
+            failures = []
+            for plot in plots:
+                try:
+                    plot(frame).save(tmp, width=6, height=4, dpi=100, verbose=False)
+                except Exception as exc:  # bsuite's plotting code against this plotnine / pandas
+                    tmp.unlink(missing_ok=True)
+                    failures.append(f"{plot.__name__}: {executor.failure_line(exc)}")
+                    continue
+                tmp.replace(out / name)
+                written.append(name)
+                break
+            else:
+                print(f"warning: bsuite cannot plot {experiment} / {label} here ({'; '.join(failures)})", file=sys.stderr)
     return written
 
 

@@ -151,7 +151,7 @@ def suite_section(title: str, directory: Path, how: str) -> str:
     if results is None:
         return f"## {title}\n\nNot produced yet: run `{how}`.\n"
     extra = [("runs", str(record["runs"])), ("workers", str(record.get("workers")))] if record else []
-    plots = " ".join(f"![{name}](results/{directory.name}/{name})" for name in (record or {}).get("plots", []))
+    plots = " ".join(f"![{path.name}](results/{directory.name}/{path.name})" for path in sorted(directory.glob("*.png")))
     return f"## {title}\n\n{provenance(record, extra=extra)}\n{table_markdown(results)}\n{plots}\n"
 
 
@@ -161,7 +161,7 @@ def leakage_section(paths: list[Path]) -> str:
     body = []
     for path, result in found:
         if result is None:
-            body.append(f"Not produced yet: run `python benchmarks/credit_leakage.py --out {path.relative_to(REPO)}`.\n")
+            body.append(f"Not produced yet: run `python benchmarks/credit_leakage.py --out benchmarks/results/{path.name}`.\n")
             continue
         record = result.get("run")
         settings = [
