@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -38,7 +39,7 @@ from algorithms.common import cli, executor, provenance
 from algorithms.common.errors import VcbmGymError
 from algorithms.compare import EPISODE_RUNNERS, MAX_SEEDS, MAX_WORKERS, Job, algo_argv, locked, run_jobs
 from algorithms.registry import get_algo
-from algorithms.train import resolve_argv
+from algorithms.train import finished_summary, resolve_argv
 
 EXPERIMENTS = ("umbrella_length", "umbrella_distract", "discounting_chain", "memory_len", "memory_size")
 PROTOCOLS = ("bsuite", "short")
@@ -207,6 +208,7 @@ def plot_experiments(results: dict[str, Any], jobs: list[Job], out: Path) -> lis
     against the setting) where every run played bsuite's episodes, else, or where bsuite's plot_scale fails on
     this pandas / plotnine, `analysis.plot_learning` (regret through time). A plot bsuite cannot draw is one
     warning line: the scores stand without it."""
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)  # plotnine's serif font, absent here
     written = []
     for experiment, block in results["experiments"].items():
         analysis = importlib.import_module(f"bsuite.experiments.{experiment}.analysis")
@@ -301,7 +303,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         jobs = make_jobs(args, settings, out / "runs")  # every algo and setting resolved before --out is written
         out = cli.output_dir(out, "--out")
         with locked(out):
-            run_jobs(jobs, args.workers, progress=not args.no_progress, backend=args.backend, address=args.address)
+            reused = sum(1 for job in jobs if finished_summary(job.log_dir, job.run)[0] is not None)
+            summaries = run_jobs(jobs, args.workers, progress=not args.no_progress, backend=args.backend, address=args.address)
             results = aggregate(args, experiments, jobs)
             cli.atomic_write_json(out / "results.json", results)
             table = table_markdown(results)
@@ -309,7 +312,8 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
             plots = plot_experiments(results, jobs, out)
             provenance.write_run_record(
                 out, "python -m algorithms.suite", argv, started, protocol=args.protocol, runs=len(jobs), plots=plots,
-                workers=args.workers, backend=args.backend,
+                workers=args.workers, backend=args.backend, runs_reused=reused, runs_run=len(jobs) - reused,
+                run_time_s_sum=round(sum(float(s.get("wall_time_s", 0.0)) for s in summaries.values()), 3),
             )  # fmt: skip
     print(table)
     return results

@@ -150,7 +150,17 @@ def suite_section(title: str, directory: Path, how: str) -> str:
     results, record = _read(directory / "results.json"), _read(directory / "run.json")
     if results is None:
         return f"## {title}\n\nNot produced yet: run `{how}`.\n"
-    extra = [("runs", str(record["runs"])), ("workers", str(record.get("workers")))] if record else []
+    extra = []
+    if record:
+        reused = record.get("runs_reused")
+        runs = str(record["runs"]) + (
+            "" if reused is None else f" ({reused} reused from an earlier invocation, {record['runs_run']} run by this one)"
+        )
+        extra = [
+            ("runs", runs),
+            ("workers", str(record.get("workers"))),
+            ("run time summed over runs", _seconds(record.get("run_time_s_sum"))),
+        ]
     plots = " ".join(f"![{path.name}](results/{directory.name}/{path.name})" for path in sorted(directory.glob("*.png")))
     return f"## {title}\n\n{provenance(record, extra=extra)}\n{table_markdown(results)}\n{plots}\n"
 

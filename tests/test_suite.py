@@ -42,6 +42,8 @@ def test_vcbm_solves_short_umbrella_chains_by_bsuites_score_and_the_papers_test_
         assert json.loads((tmp_path / name / "run.json").read_text())["protocol"] == "bsuite"
     again = _sweep(run_cli, tmp_path / "value")  # the same command: every run is reused, nothing is rerun
     assert again.returncode == 0 and "reusing 2 finished run(s) of the same config; 0 to run" in again.stderr
+    record = json.loads((tmp_path / "value" / "run.json").read_text())
+    assert (record["runs_reused"], record["runs_run"]) == (2, 0) and record["run_time_s_sum"] > 0
 
 
 @pytest.mark.parametrize(
