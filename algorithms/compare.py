@@ -433,17 +433,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
         cli.check_int(args.max_episodes, "--max-episodes", 1)
     if len(set(args.algos)) != len(args.algos):
         raise VcbmGymError(f"--algos {args.algos}: expected distinct algos")
-    if args.backend not in BACKENDS:
-        raise VcbmGymError(f"--backend {args.backend!r}: expected one of {', '.join(BACKENDS)}")
-    if args.backend == "ray":
-        if args.workers < 1:
-            raise VcbmGymError(f"--workers {args.workers} with --backend ray: expected an integer >= 1 (tasks in flight)")
-        from algorithms.common.distributed import check_address, require_ray
-
-        require_ray("--backend ray")
-        check_address(args.address, "--backend ray")
-    elif args.address is not None:
-        raise VcbmGymError(f"--address {args.address!r} with --backend {args.backend}: expected --backend ray")
+    executor.check_backend(args.backend, args.address, args.workers)
     started = provenance.start()
     with executor.sigterm_stops():
         jobs = make_jobs(args)  # every algo and config, then the env's criterion: before --out is written

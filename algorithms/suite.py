@@ -251,7 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hyperparams", nargs="*", action="extend", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", required=True, help="results directory (runs go to OUT/runs)")
     parser.add_argument("--workers", type=int, default=1, help="runs at once (0: in this process)")
-    parser.add_argument("--backend", default="process", help="process or ray")
+    parser.add_argument("--backend", default="process", help=f"one of {', '.join(executor.BACKENDS)}")
     parser.add_argument("--address", default=None, help="with --backend ray: an existing cluster")
     parser.add_argument("--no-progress", action="store_true")
     return parser
@@ -276,13 +276,7 @@ def check_args(args: argparse.Namespace) -> None:
     for option, values in (("--experiment", args.experiment), ("--algos", args.algos)):
         if len(set(values)) != len(values):
             raise VcbmGymError(f"{option} {values}: expected distinct values")
-    if args.backend == "ray":
-        from algorithms.common.distributed import check_address, require_ray
-
-        require_ray("--backend ray")
-        check_address(args.address, "--backend ray")
-    elif args.address is not None:
-        raise VcbmGymError(f"--address {args.address!r} with --backend {args.backend}: expected --backend ray")
+    executor.check_backend(args.backend, args.address, args.workers)
     try:
         import bsuite  # noqa: F401
     except ModuleNotFoundError:

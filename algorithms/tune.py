@@ -670,15 +670,7 @@ def resolve_settings(args: Any) -> tuple[Settings, dict[str, Any]]:
     cli.check_int(args.workers, "--workers", 1, 256)
     if args.sampler_seed is not None:
         cli.check_seed(args.sampler_seed, "--sampler-seed")
-    if args.backend not in BACKENDS:
-        raise VcbmGymError(f"--backend {args.backend!r}: expected one of {', '.join(BACKENDS)}")
-    if args.backend == "ray":
-        from algorithms.common.distributed import check_address, require_ray
-
-        require_ray("--backend ray")
-        check_address(args.address, "tune --backend ray")
-    elif args.address is not None:
-        raise VcbmGymError(f"--address {args.address!r} with --backend {args.backend}: expected --backend ray")
+    executor.check_backend(args.backend, args.address, args.workers, "tune --backend ray")
     arm = ARMS.get(get_algo(args.algo).runner)
     if arm is None:
         raise VcbmGymError(f"--algo {args.algo!r}: expected a tabular, SB3 or LLM algo")

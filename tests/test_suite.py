@@ -56,6 +56,8 @@ def test_vcbm_solves_short_umbrella_chains_by_bsuites_score_and_the_papers_test_
         ["--experiment", "umbrella_length", "--algos", "vcbm", "--protocol", "long"],
         ["--experiment", "umbrella_length", "--algos", "vcbm", "vcbm"],
         ["--experiment", "umbrella_length", "--algos", "vcbm", "--seeds", "0"],
+        ["--experiment", "umbrella_length", "--algos", "vcbm", "--backend", "nope"],
+        ["--experiment", "umbrella_length", "--algos", "vcbm", "--address", "127.0.0.1:1"],
     ],
 )
 def test_bad_input_is_one_line_and_leaves_nothing(run_cli, tmp_path, args):

@@ -150,6 +150,21 @@ def _process_main(task: Callable[[Any], Any], job: Any, conn: Connection, parent
     sys.exit(0 if message[0] == "ok" else 1)
 
 
+def check_backend(backend: str, address: str | None, workers: int, what: str = "--backend ray") -> None:
+    """A command's --backend, --address and --workers, checked before it writes anything (one line each)."""
+    if backend not in BACKENDS:
+        raise VcbmGymError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if backend == "ray":
+        if workers < 1:
+            raise VcbmGymError(f"--workers {workers} with --backend ray: expected an integer >= 1 (tasks in flight)")
+        from algorithms.common.distributed import check_address, require_ray
+
+        require_ray("--backend ray")
+        check_address(address, what)
+    elif address is not None:
+        raise VcbmGymError(f"--address {address!r} with --backend {backend}: expected --backend ray")
+
+
 def run_jobs(
     task: Callable[[Job], Result],
     jobs: Sequence[Job],
