@@ -127,11 +127,21 @@ def die_with_parent(parent_pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
+def _worker_terminated(signum: int, frame: Any) -> None:
+    """SIGTERM in a worker: the command that stopped it reports the stop in one line, so the worker's stderr
+    goes quiet first. A signal that lands where Python cannot propagate an exception (an import hook, a
+    finaliser) would otherwise print "Exception ignored in ..." after that line."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stderr.fileno())
+    os.close(devnull)
+    raise Terminated()
+
+
 def _process_main(task: Callable[[Any], Any], job: Any, conn: Connection, parent_pid: int) -> None:
     """A worker process: one job, its result (or its failure as one line) sent back to the parent."""
     die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    signal.signal(signal.SIGTERM, _worker_terminated)
     # tqdm's default lock is a multiprocessing semaphore: a worker stopped by SIGTERM would leave it to the
     # resource tracker, which then prints a warning after the command's one line
     from tqdm.auto import tqdm
