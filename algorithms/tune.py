@@ -618,7 +618,7 @@ def plot_study(study: Any, out: Path) -> list[Path]:
             ax = draw(study)
             fig = ax.figure
             fig.set_size_inches(8, 4.5)
-            tmp = out / f".{name}.tmp.png"
+            tmp = out / f".{name}.{os.getpid()}.tmp.png"  # several tune processes of one study share out
             fig.savefig(tmp, dpi=120, bbox_inches="tight")
             os.replace(tmp, out / name)
             plt.close(fig)
