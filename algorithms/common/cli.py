@@ -14,7 +14,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from algorithms.common.errors import Stopped, VcbmGymError
 from vcbm_gym.contract import ContractError
@@ -75,13 +75,9 @@ def output_dir(path: str | Path, option: str) -> Path:
         raise VcbmGymError(f"{option} {str(path)!r} is a file: expected a directory (new or existing)")
     try:
         path.mkdir(parents=True, exist_ok=True)
-        # a real write: os.access says yes to root even on a read-only mount
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-            pass
     except OSError as exc:
-        raise VcbmGymError(
-            f"{option} {str(path)!r} cannot be written ({exc.strerror or exc}): expected a writable directory"
-        ) from None
+        _unwritable(path, option, exc)
+    _probe_write(path, path, option)
     return path
 
 
@@ -96,15 +92,23 @@ def check_output_dir(path: str | Path, option: str) -> Path:
         existing = existing.parent
     if not existing.is_dir():
         raise VcbmGymError(f"{option} {str(path)!r} lies under the file {str(existing)!r}: expected a directory path")
+    _probe_write(existing, path, option)
+    return path
+
+
+def _unwritable(path: Path, option: str, exc: OSError) -> NoReturn:
+    raise VcbmGymError(
+        f"{option} {str(path)!r} cannot be written ({exc.strerror or exc}): expected a writable directory"
+    ) from None
+
+
+def _probe_write(directory: Path, path: Path, option: str) -> None:
+    """A real write in `directory` (removed at once): os.access says yes to root even on a read-only mount."""
     try:
-        # a real write (removed at once): os.access says yes to root even on a read-only mount
-        with tempfile.NamedTemporaryFile(dir=existing, prefix=".write-test-"):
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-test-"):
             pass
     except OSError as exc:
-        raise VcbmGymError(
-            f"{option} {str(path)!r} cannot be written ({exc.strerror or exc}): expected a writable directory"
-        ) from None
-    return path
+        _unwritable(path, option, exc)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
