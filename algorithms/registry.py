@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from algorithms.common.errors import VcbmGymError
+from algorithms.common.spec import Arm
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,11 @@ def get_algo(name: str) -> AlgoSpec:
     if name not in ALGOS:
         raise VcbmGymError(f"unknown algo {name!r}; expected one of: {', '.join(ALGOS)}")
     return ALGOS[name]
+
+
+def get_arm(algo: str) -> Arm:
+    """The arm that trains `algo` (its runner module imported on first use)."""
+    return importlib.import_module(get_algo(algo).runner).ARM
 
 
 def load_object(target: str) -> Any:

@@ -14,19 +14,15 @@ log dir is refused unless `--resume` or `--overwrite` is given.
 from __future__ import annotations
 
 import argparse
-import copy
-import dataclasses
 import hashlib
 import importlib
-import importlib.metadata
 import json
 import shutil
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import gymnasium as gym
 import yaml
@@ -35,8 +31,8 @@ import vcbm_gym
 from algorithms.common import cli, provenance
 from algorithms.common.config import parse_overrides, user_config, zoo_hyperparams
 from algorithms.common.errors import VcbmGymError
-from algorithms.common.run_context import RunContext
-from algorithms.registry import ALGOS, get_algo
+from algorithms.common.spec import Arm, Report, RunOptions, RunSpec, canonical_json
+from algorithms.registry import ALGOS, get_arm
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,26 +99,8 @@ def check_env_id(env_id: str) -> None:
         )
 
 
-def _canonical(data: Any) -> str:
-    return json.dumps(data, sort_keys=True, default=str, allow_nan=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class ResolvedRun:
-    """Everything that decides a run's result; `config_hash` identifies it."""
-
-    algo: str
-    env: str
-    seed: int
-    hyperparams: dict[str, Any]
-
-    def identity(self) -> dict[str, Any]:
-        # through JSON, so that a config read back from config.yml compares equal
-        return json.loads(_canonical(dataclasses.asdict(self)))
-
-    @property
-    def config_hash(self) -> str:
-        return hashlib.sha256(_canonical(self.identity()).encode()).hexdigest()[:16]
+# The resolved run: one frozen object, built once (algorithms.common.spec)
+ResolvedRun = RunSpec
 
 
 def config_diff(old: dict[str, Any], new: dict[str, Any], limit: int = 3) -> str:
@@ -144,7 +122,7 @@ def read_record(log_dir: Path) -> dict[str, Any] | None:
 
 
 def summary_checksum(summary: dict[str, Any]) -> str:
-    return hashlib.sha256(_canonical({k: v for k, v in summary.items() if k != "checksum"}).encode()).hexdigest()
+    return hashlib.sha256(canonical_json({k: v for k, v in summary.items() if k != "checksum"}).encode()).hexdigest()
 
 
 def finished_summary(log_dir: Path, run: ResolvedRun) -> tuple[dict[str, Any] | None, str]:
@@ -168,53 +146,58 @@ def finished_summary(log_dir: Path, run: ResolvedRun) -> tuple[dict[str, Any] | 
     return summary, ""
 
 
-def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, ModuleType, bool]:
-    """The command line, the runner module, and whether the runner brings its own --resume."""
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, Arm]:
+    """The command line and the arm that trains its algo."""
     parser = build_parser()
     known, _ = parser.parse_known_args(argv)
-    runner = importlib.import_module(get_algo(known.algo).runner)
-    runner.add_arguments(parser)
-    try:
-        parser.add_argument("--resume", action="store_true", help="continue the run in --log-dir (same config only)")
-        runner_resumes = False
-    except argparse.ArgumentError:  # the runner has its own (checkpoints: the LLM runner)
-        runner_resumes = True
-    return parser.parse_args(argv), runner, runner_resumes
+    arm = get_arm(known.algo)
+    arm.add_arguments(parser)
+    parser.add_argument("--resume", action="store_true", help="continue the run in --log-dir (same config only)")
+    return parser.parse_args(argv), arm
 
 
-def resolve(args: argparse.Namespace, runner: ModuleType) -> ResolvedRun:
-    """Fold zoo YAML, --config, --hyperparams and the runner's flags into one checked config."""
-    cli.check_seed(args.seed)
-    check_env_id(args.env)
-    mapping = zoo_hyperparams(args.algo, args.env)
-    if args.config:
-        mapping.update(user_config(args.config, args.env, gym.registry.keys(), algo=args.algo))
-    mapping.update(parse_overrides(args.hyperparams))
+def resolve_spec(
+    algo: str, env: str, seed: int, overrides: Mapping[str, Any] | None = None, config_file: str | None = None
+) -> RunSpec:
+    """The run of `algo` on `env`: zoo YAML, then `config_file`, then `overrides` (already parsed values),
+    resolved and checked by the arm. compare, tune and suite build their runs with this, in memory."""
+    cli.check_seed(seed)
+    check_env_id(env)
+    arm = get_arm(algo)
+    mapping = zoo_hyperparams(algo, env)
+    if config_file:
+        mapping.update(user_config(config_file, env, gym.registry.keys(), algo=algo))
+    mapping.update(overrides or {})
+    return arm.resolve(algo, env, seed, mapping)
+
+
+def resolve(args: argparse.Namespace, arm: Arm) -> RunSpec:
+    """Fold --hyperparams (parsed here, the one time a command line's are) and the arm's flags into one run."""
+    overrides = parse_overrides(args.hyperparams)
     if args.max_episodes is not None:
-        mapping["max_episodes"] = args.max_episodes
-    if hasattr(runner, "flag_hyperparams"):
-        mapping.update(runner.flag_hyperparams(args))
-    return ResolvedRun(args.algo, args.env, args.seed, runner.resolve(args.algo, args.env, mapping))
+        overrides["max_episodes"] = args.max_episodes
+    overrides.update(arm.flag_hyperparams(args))
+    return resolve_spec(args.algo, args.env, args.seed, overrides, args.config)
 
 
-def resolve_argv(argv: Sequence[str]) -> ResolvedRun:
-    """The config a command line would run, without running it (algorithms.compare keys reuse on it)."""
-    args, runner, _ = parse(list(argv))
-    return resolve(args, runner)
+def resolve_argv(argv: Sequence[str]) -> RunSpec:
+    """Transitional: the run a command line would train (compare, tune, suite move to resolve_spec)."""
+    args, arm = parse(list(argv))
+    return resolve(args, arm)
 
 
-def prepare_log_dir(log_dir: Path, run: ResolvedRun, args: argparse.Namespace, runner_resumes: bool) -> dict[str, Any] | None:
+def prepare_log_dir(log_dir: Path, run: RunSpec, options: RunOptions, resumes_itself: bool) -> dict[str, Any] | None:
     """Apply the existing-log-dir policy; returns the summary when --resume finds the run already finished."""
     if log_dir.exists() and not log_dir.is_dir():
         raise VcbmGymError(f"--log-dir {str(log_dir)!r} is a file: expected a directory")
-    resume = getattr(args, "resume", False)
-    if resume and args.overwrite:
+    resume = options.resume
+    if resume and options.overwrite:
         raise VcbmGymError("--resume and --overwrite: expected at most one of them")
     if log_dir.is_dir() and any(log_dir.iterdir()):
         record = read_record(log_dir)
         # a config.yml that cannot be read (truncated, edited, binary) still marks the directory as a run's
         corrupt = record is None and (log_dir / "config.yml").is_file()
-        if args.overwrite:
+        if options.overwrite:
             if record is None and not corrupt:
                 raise VcbmGymError(
                     f"--overwrite: {str(log_dir)!r} holds no config.yml of a run; refusing to delete "
@@ -235,7 +218,7 @@ def prepare_log_dir(log_dir: Path, run: ResolvedRun, args: argparse.Namespace, r
                     f"--resume: {str(log_dir)!r} holds a run of another config ({config_diff(recorded, run.identity())}); "
                     "expected the same config, or --overwrite"
                 )
-            if not runner_resumes:
+            if not resumes_itself:
                 summary, _ = finished_summary(log_dir, run)
                 if summary is not None:
                     return summary
@@ -274,50 +257,27 @@ def _on_main_process_first(action: Callable[[], Any]) -> Any:
     return value
 
 
-def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, Any]:
-    """Parse a command line, train, and return the summary (also written to summary.json). `report`, if given,
-    receives the run's progress (see RunContext.report).
+def execute(spec: RunSpec, log_dir: str | Path, options: RunOptions = RunOptions()) -> dict[str, Any]:
+    """Train `spec` into `log_dir` and return the summary (also written to summary.json).
 
     Under a multi-process launch (torchrun, accelerate launch: WORLD_SIZE > 1) every process runs this;
-    process 0 alone applies the log-dir policy and writes config.yml and summary.json. Only algorithms
-    whose runner declares `MULTI_PROCESS = True` (the LLM arm) accept such a launch.
+    process 0 alone applies the log-dir policy and writes config.yml and summary.json. Only arms that
+    declare `multi_process` (the LLM arm) accept such a launch.
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args, runner, runner_resumes = parse(argv)
-    resolved = resolve(args, runner)
-    log_dir = Path(args.log_dir or Path("runs") / args.algo / args.env / f"seed{args.seed}")
+    arm, log_dir = get_arm(spec.algo), Path(log_dir)
     world_size = cli.launch_world_size()
-    if world_size > 1 and not getattr(runner, "MULTI_PROCESS", False):
+    if world_size > 1 and not arm.multi_process:
         raise VcbmGymError(
-            f"--algo {args.algo!r} runs in one process, but this launch has WORLD_SIZE={world_size}; "
+            f"--algo {spec.algo!r} runs in one process, but this launch has WORLD_SIZE={world_size}; "
             "expected a plain `python -m algorithms.train` (only the LLM algorithms train on several processes)"
         )
-    record = {
-        **resolved.identity(),
-        "config_hash": resolved.config_hash,
-        **provenance.environment_record(),
-        "command_line": {k: v for k, v in vars(args).items()},
-        "argv": argv,
-    }
-
-    # a copy: SB3 adds entries to policy_kwargs in place, which must not change the recorded config
-    ctx = RunContext(
-        args.algo,
-        args.env,
-        args.seed,
-        str(log_dir),
-        copy.deepcopy(resolved.hyperparams),
-        args,
-        progress=not args.no_progress,
-        report=report,
-    )
-    if hasattr(runner, "validate"):
-        # the run's objects (SB3 model, LLM config and model path), built dry before the log dir exists:
-        # input they refuse leaves nothing on disk, and the corrected command is not refused as a rerun
-        runner.validate(dataclasses.replace(ctx, hyperparams=copy.deepcopy(ctx.hyperparams)))
+    record = {**spec.identity(), "config_hash": spec.config_hash, **provenance.environment_record(), **options.record}
+    # the run's objects (SB3 model, LLM config and model path), built dry before the log dir exists:
+    # input they refuse leaves nothing on disk, and the corrected command is not refused as a rerun
+    arm.validate(spec)
 
     def prepare() -> dict[str, Any] | None:
-        finished = prepare_log_dir(log_dir, resolved, args, runner_resumes)
+        finished = prepare_log_dir(log_dir, spec, options, arm.resumes_itself)
         if finished is None:
             cli.atomic_write_text(log_dir / "config.yml", yaml.safe_dump(record, sort_keys=False))
         return finished
@@ -328,8 +288,8 @@ def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, floa
         return finished
 
     start = time.perf_counter()
-    result = runner.run(ctx)
-    summary = {"algo": args.algo, "env": args.env, "seed": args.seed, **result}
+    result = arm.run(spec, str(log_dir), options)
+    summary = {"algo": spec.algo, "env": spec.env, "seed": spec.seed, **result}
     summary["wall_time_s"] = time.perf_counter() - start
     summary["log_dir"] = str(log_dir)
     summary["config_hash"] = record["config_hash"]
@@ -338,6 +298,22 @@ def run(argv: Sequence[str] | None = None, report: Callable[[int, dict[str, floa
     if cli.is_launch_main_process():
         cli.atomic_write_json(log_dir / "summary.json", summary)
     return summary
+
+
+def run(argv: Sequence[str] | None = None, report: Report | None = None) -> dict[str, Any]:
+    """Parse a command line, train, and return the summary. `report`, if given, receives the run's progress."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, arm = parse(argv)
+    spec = resolve(args, arm)
+    log_dir = Path(args.log_dir or Path("runs") / args.algo / args.env / f"seed{args.seed}")
+    options = RunOptions(
+        progress=not args.no_progress,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        report=report,
+        record={"command_line": dict(vars(args)), "argv": argv},
+    )
+    return execute(spec, log_dir, options)
 
 
 def _leave_launch_together() -> None:

@@ -139,7 +139,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--model", default=None, help="tiny (random, offline) or a transformers name/path")
     group.add_argument("--iterations", type=int, default=None, help="LOOP iterations (generation batches)")
     group.add_argument("--use-vllm", action="store_true", help="generate with TRL's vLLM engine")
-    group.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the log dir")
     group.add_argument("--checkpoint-every", type=int, default=None, help="iterations between checkpoints (0: none)")
     group.add_argument("--ratio-sharing", choices=RATIO_SHARING_MODES, default=None, help="EMPO ratio sharing")
     group.add_argument(
@@ -538,3 +537,25 @@ def save_final_weights(trainer, folder: Path) -> None:
         accelerator.unwrap_model(trainer.model).save_pretrained(str(folder), state_dict=state_dict)
         trainer.processing_class.save_pretrained(str(folder))
     accelerator.wait_for_everyone()
+
+
+def _arm():
+    from algorithms.common.module_arm import ITERATIONS, ModuleArm
+
+    arm = ModuleArm(
+        sys.modules[__name__],
+        name="llm",
+        budget_key="iterations",
+        budget_flag="--iterations",
+        budget_unit="iterations",
+        objective=ITERATIONS,
+        metric_tags={"correct": "loop/task_goal_completion", "return": "loop/mean_return"},
+        reports_convergence=False,
+        multi_process=True,
+        resumes_itself=True,
+    )
+    arm.default_credit = lambda algo: CREDIT_OF_ALGO.get(algo, "none")
+    return arm
+
+
+ARM = _arm()

@@ -421,3 +421,24 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "timesteps": int(model.num_timesteps),
         "train_time_s": time.perf_counter() - start,
     }
+
+
+def _arm():
+    import sys
+
+    from algorithms.common.module_arm import EPISODES, ModuleArm
+
+    return ModuleArm(
+        sys.modules[__name__],
+        name="sb3",
+        budget_key="max_episodes",
+        budget_flag="--max-episodes",
+        budget_unit="episodes",
+        objective=EPISODES,
+        metric_tags={"correct": "rollout/correct_moving_average", "return": "rollout/ep_rew_mean"},
+        reports_convergence=True,
+        batch_provides=frozenset({"observations", "actions", "group_ids"}),
+    )
+
+
+ARM = _arm()

@@ -184,3 +184,24 @@ def run(ctx: RunContext) -> dict[str, Any]:
         writer.close()
         env.close()
     return {**outcomes.summary(), "train_time_s": time.perf_counter() - start, **agent.summary()}
+
+
+def _arm():
+    import sys
+
+    from algorithms.common.module_arm import EPISODES, ModuleArm
+
+    return ModuleArm(
+        sys.modules[__name__],
+        name="tabular",
+        budget_key="max_episodes",
+        budget_flag="--max-episodes",
+        budget_unit="episodes",
+        objective=EPISODES,
+        metric_tags={"correct": "train/correct_moving_average", "return": "train/episode_return"},
+        reports_convergence=True,
+        batch_provides=credit_slot.TABULAR_BATCH_PROVIDES,
+    )
+
+
+ARM = _arm()

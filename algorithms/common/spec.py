@@ -1,0 +1,122 @@
+"""The one resolved run (`RunSpec`), how it is run (`RunOptions`), and the arm interface (`Arm`).
+
+A run is resolved once, by its arm, from a flat mapping of hyperparameters (zoo YAML, --config,
+--hyperparams and the arm's flags folded together by `algorithms.train`, or built in memory by
+`compare`, `tune` and `suite`): the result is a frozen `RunSpec` holding both the plain values that
+config.yml records and the hash identifies (`hyperparams`) and the arm's own typed config built from
+them (`config`). Everything after resolution passes that object; no command line is built or parsed
+again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+Report = Callable[[int, dict[str, float]], None]
+
+
+def canonical_json(data: Any) -> str:
+    return json.dumps(data, sort_keys=True, default=str, allow_nan=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """Everything that decides a run's result; `config_hash` identifies it.
+
+    `hyperparams` are the resolved plain values (what config.yml records); `config` is the arm's typed
+    config built from them once by `Arm.resolve` (not part of the identity: it is a function of it)."""
+
+    algo: str
+    env: str
+    seed: int
+    hyperparams: Mapping[str, Any]
+    config: Any = dataclasses.field(default=None, compare=False, repr=False)
+
+    def identity(self) -> dict[str, Any]:
+        # through JSON, so that a config read back from config.yml compares equal
+        plain = {"algo": self.algo, "env": self.env, "seed": self.seed, "hyperparams": dict(self.hyperparams)}
+        return json.loads(canonical_json(plain))
+
+    @property
+    def config_hash(self) -> str:
+        return hashlib.sha256(canonical_json(self.identity()).encode()).hexdigest()[:16]
+
+    def with_seed(self, seed: int) -> RunSpec:
+        """The same run with another seed (no arm's config depends on the seed)."""
+        return dataclasses.replace(self, seed=seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How a run is carried out, not what it computes (none of it enters the config hash)."""
+
+    progress: bool = True
+    resume: bool = False  # continue the run in the log dir (same config only)
+    overwrite: bool = False  # replace the run in the log dir
+    # report(step, {"correct_rate": ..., "return": ...}) as the run trains; step = episodes (tabular, SB3) or
+    # iterations (LLM). algorithms.tune prunes through it (by raising). None: no one listens.
+    report: Report | None = None
+    record: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # extra entries for config.yml (the command)
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """What `algorithms.tune` optimises for an arm, and the value it prunes on as a run trains."""
+
+    direction: str  # "minimize" | "maximize"
+    name: str
+    intermediate: str
+
+    def intermediate_value(self, metrics: Mapping[str, float]) -> float | None:
+        if "correct_rate" not in metrics:
+            return None
+        rate = float(metrics["correct_rate"])
+        return 1.0 - rate if self.direction == "minimize" else rate
+
+
+class Arm(ABC):
+    """One family of algorithms (tabular, SB3, LLM): how its runs are resolved, checked and trained, and
+    what the experiment commands (compare, tune, plot, suite) need to know about it."""
+
+    name: ClassVar[str]  # "tabular" | "sb3" | "llm"
+    budget_key: ClassVar[str]  # the hyperparameter that bounds a run: max_episodes | iterations
+    budget_flag: ClassVar[str]  # the train flag that sets it: --max-episodes | --iterations
+    budget_unit: ClassVar[str]  # episodes | iterations
+    objective: ClassVar[Objective]
+    metric_tags: ClassVar[Mapping[str, str]]  # metric ("correct_rate", "return") -> TensorBoard tag
+    reports_convergence: ClassVar[bool]  # summaries carry episodes to converge (compare's measure)
+    multi_process: ClassVar[bool] = False  # accepts torchrun / accelerate launch
+    resumes_itself: ClassVar[bool] = False  # keeps checkpoints: --resume continues instead of restarting
+    batch_provides: ClassVar[frozenset[str]] = frozenset()  # EpisodeBatch fields a credit rule can read
+
+    def default_credit(self, algo: str) -> str:
+        """The credit rule a run of `algo` uses when no config names one ("none": the algorithm's own)."""
+        return "none"
+
+    def method_label(self, algo: str, credit: str | None) -> str:
+        """`algo`, or `algo+rule` when the run's credit rule is not the algorithm's default."""
+        return algo if credit in (None, "none", self.default_credit(algo)) else f"{algo}+{credit}"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """The arm's own train flags."""
+
+    def flag_hyperparams(self, args: argparse.Namespace) -> dict[str, Any]:
+        """The arm's flags as hyperparameters, so that the resolved config holds them."""
+        return {}
+
+    @abstractmethod
+    def resolve(self, algo: str, env: str, seed: int, mapping: Mapping[str, Any]) -> RunSpec:
+        """Check `mapping` (an unknown key, a wrong type, a bad env_kwargs or rule: one line) and build the spec."""
+
+    def validate(self, spec: RunSpec) -> None:
+        """Build the run's objects dry, before the log dir exists (default: resolve already checked all)."""
+
+    @abstractmethod
+    def run(self, spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
+        """Train, log into `log_dir`, and return the summary's entries."""
