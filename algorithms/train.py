@@ -257,14 +257,14 @@ def _on_main_process_first(action: Callable[[], Any]) -> Any:
     return value
 
 
-def execute(spec: RunSpec, log_dir: str | Path, options: RunOptions = RunOptions()) -> dict[str, Any]:
+def execute(spec: RunSpec, log_dir: str | Path, options: RunOptions | None = None) -> dict[str, Any]:
     """Train `spec` into `log_dir` and return the summary (also written to summary.json).
 
     Under a multi-process launch (torchrun, accelerate launch: WORLD_SIZE > 1) every process runs this;
     process 0 alone applies the log-dir policy and writes config.yml and summary.json. Only arms that
     declare `multi_process` (the LLM arm) accept such a launch.
     """
-    arm, log_dir = get_arm(spec.algo), Path(log_dir)
+    arm, log_dir, options = get_arm(spec.algo), Path(log_dir), options or RunOptions()
     world_size = cli.launch_world_size()
     if world_size > 1 and not arm.multi_process:
         raise VcbmGymError(
