@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Collection, Sequence
 
 import numpy as np
 
@@ -91,6 +91,10 @@ class CreditRule(abc.ABC):
     # "extras['key']" / "turn_flags['key']" for a named entry, "a | b" for either of two. A caller
     # that cannot fill one (the LLM arm has no observations) refuses the rule before it runs.
     batch_needs: ClassVar[tuple[str, ...]] = ()
+    # The env info keys (vcbm_gym.contract.INFO_KEYS) the rule learns from, per turn: a runner fills the
+    # batch from them (vcbm_blend's bookmarks from info['state_mutating']); one that does not collect them
+    # refuses the rule, and one that does checks that the env reports them before a run starts.
+    info_needs: ClassVar[tuple[str, ...]] = ()
 
     def needs(self) -> tuple[str, ...]:
         """The batch inputs this instance reads (default: the class's `batch_needs`)."""
@@ -130,6 +134,24 @@ RULES: dict[str, str] = {
 }
 
 
+def rule_class(name: str) -> type[CreditRule]:
+    """The class registered as `name` (imported on first use)."""
+    if name not in RULES:
+        raise KeyError(f"unknown credit rule {name!r}; expected one of: {', '.join(RULES)}")
+    module_name, _, cls_name = RULES[name].partition(":")
+    return getattr(importlib.import_module(module_name), cls_name)
+
+
+def unmet_rule_needs(
+    rule: CreditRule | type[CreditRule], batch_provides: Collection[str], info_provides: Collection[str]
+) -> list[str]:
+    """What `rule` (a built rule, or its class) needs that an arm does not provide: batch fields as written
+    in `batch_needs`, info keys as "info['key']". Empty: the rule fits the arm."""
+    needs = rule.needs() if isinstance(rule, CreditRule) else rule.batch_needs
+    missing = unmet_needs(needs, set(batch_provides))
+    return missing + [f"info[{key!r}]" for key in rule.info_needs if key not in info_provides]
+
+
 def unmet_needs(needs: Sequence[str], provided: set[str]) -> list[str]:
     """The entries of `needs` (see CreditRule.batch_needs) of which no alternative is in `provided`."""
     return [need for need in needs if not any(alt.strip() in provided for alt in need.split("|"))]
@@ -143,8 +165,7 @@ def make_rule(name: str, env: Any = None, **kwargs: Any) -> CreditRule:
     """
     if name not in RULES:
         raise KeyError(f"unknown credit rule {name!r}; expected one of: {', '.join(RULES)}")
-    module_name, _, cls_name = RULES[name].partition(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
+    cls = rule_class(name)
     if env is not None and hasattr(cls, "from_env"):
         return cls.from_env(env, **kwargs)
     return cls(**kwargs)

@@ -262,6 +262,7 @@ class CASIShapingRule(CreditRule):
 
     name = "casi"
     batch_needs = ("extras['coalition_values']",)
+    info_needs = ("coalition_values",)
 
     def __init__(
         self,

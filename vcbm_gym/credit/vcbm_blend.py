@@ -196,6 +196,7 @@ class VCBMBlendRule(CreditRule):
 
     name = "vcbm_blend"
     batch_needs = ("group_ids", "turn_flags['state_mutating']", "turn_texts", "final_texts")
+    info_needs = ("state_mutating", "execution_output")
 
     def __init__(
         self,
