@@ -34,9 +34,9 @@ class ModuleArm(Arm):
             spec.algo, spec.env, spec.seed, log_dir, copy.deepcopy(dict(spec.hyperparams)), args, options.progress, options.report
         )
 
-    def validate(self, spec: RunSpec) -> None:
+    def validate(self, spec: RunSpec, log_dir: str, options: RunOptions) -> None:
         if hasattr(self.module, "validate"):
-            self.module.validate(self._context(spec, "", RunOptions()))
+            self.module.validate(self._context(spec, log_dir, options))
 
     def run(self, spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
         return self.module.run(self._context(spec, log_dir, options))
