@@ -8,7 +8,8 @@ algorithms.experiment.distributed), one log dir per run (`DIR/<algo>/seed<k>/`,
 where train writes summary.json, config.yml and TensorBoard events), then writes `DIR/results.json`,
 `DIR/table.md` (Table II of the VCBM paper, arXiv:2610.24032), `DIR/figure.png` (Figure 1), `DIR/curves.png` /
 `.svg` (the correct-decision rate across seeds, algorithms.experiment.plot) and `DIR/run.json` (the command, commit,
-wall time, backend and resolved configs), and prints the table.
+wall time, backend and resolved configs, each with `argv_first_seed`: the `algorithms.train` arguments that train its
+first seed, for people; compare builds no command line for a run), and prints the table.
 
 Statistics (algorithms.experiment.stats): per method the range, mean +- std and median of the paper's table, and the
 median, interquartile mean and mean with percentile-bootstrap 95% CIs (scipy.stats.bootstrap, seeds

@@ -78,7 +78,7 @@ class Settings:
         }
 
 
-def _optuna() -> Any:
+def load_optuna() -> Any:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -86,7 +86,7 @@ def _optuna() -> Any:
 
 
 def storage_of(path: str) -> Any:
-    optuna = _optuna()
+    optuna = load_optuna()
     from optuna.storages.journal import JournalFileBackend
 
     return optuna.storages.JournalStorage(JournalFileBackend(path))
@@ -130,15 +130,15 @@ def check_storage(path: str) -> None:
             raise _not_a_journal(path, f"line {number} is not an Optuna journal entry")
 
 
-def _sampler(s: Settings, seed: int | None) -> Any:
-    return _optuna().samplers.TPESampler(n_startup_trials=s.startup_trials, seed=seed)
+def tpe_sampler(s: Settings, seed: int | None) -> Any:
+    return load_optuna().samplers.TPESampler(n_startup_trials=s.startup_trials, seed=seed)
 
 
 def open_study(s: Settings) -> Any:
     """Create or load the study; refuse one created for other settings or another direction. Its sampler is
     seeded with --sampler-seed: a worker loop replaces it with its own (join_study)."""
-    optuna = _optuna()
-    sampler = _sampler(s, s.sampler_seed)
+    optuna = load_optuna()
+    sampler = tpe_sampler(s, s.sampler_seed)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=s.startup_trials, n_warmup_steps=s.warmup_steps)
     try:
         storage = storage_of(s.storage)  # replays the whole journal
@@ -180,7 +180,7 @@ def join_study(study: Any, s: Settings) -> int | None:
     stream, and a single-process tune proposes what its seed says. Called with the ask lock held."""
     joined = list(study.user_attrs.get(SAMPLERS, []))
     seed = None if s.sampler_seed is None else (s.sampler_seed + len(joined)) % (cli.MAX_SEED + 1)
-    study.set_user_attr(SAMPLERS, [*joined, {"owner": _owner(), "seed": seed}])
+    study.set_user_attr(SAMPLERS, [*joined, {"owner": process_owner(), "seed": seed}])
     return seed
 
 
@@ -199,7 +199,7 @@ def ask_lock(storage: str):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _owner() -> str:
+def process_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
@@ -221,7 +221,7 @@ def discount(study: Any, number: int) -> None:
 
 def reap_dead_trials(study: Any) -> int:
     """Mark failed the running trials whose process (on this host) is gone; they do not count towards --trials."""
-    optuna = _optuna()
+    optuna = load_optuna()
     host, reaped = socket.gethostname(), 0
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         owner_host, _, pid = str(trial.user_attrs.get("owner", "")).rpartition(":")

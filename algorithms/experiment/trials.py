@@ -19,21 +19,21 @@ from algorithms.common.errors import Stopped, VcbmGymError
 from algorithms.common.spec import Objective, RunOptions
 from algorithms.experiment.study import (
     Settings,
-    _optuna,
-    _owner,
-    _sampler,
     ask_lock,
     counted_trials,
     discount,
     join_study,
+    load_optuna,
     open_study,
+    process_owner,
     reap_dead_trials,
+    tpe_sampler,
 )
 from algorithms.registry import get_arm
 
 
 class Reporter:
-    """RunContext.report for the first seed of a trial: every `every` steps the intermediate value goes to the
+    """`RunOptions.report` of the first seed of a trial: every `every` steps the intermediate value goes to the
     study, and a trial the pruner rejects stops there (optuna.TrialPruned). Only the first seed reports:
     Optuna's median rule compares the best value a trial has reported so far, so reports of a later seed would
     be masked by the first seed's best. A first seed that stops early (it converged) holds its last value for
@@ -108,10 +108,10 @@ def evaluate(trial: Any, s: Settings) -> float:
 
 def worker_loop(s: Settings, quiet: bool = False) -> int:
     """Ask, evaluate and tell trials until the study holds --trials of them; returns how many ran here."""
-    optuna = _optuna()
+    optuna = load_optuna()
     study = open_study(s)
     with ask_lock(s.storage):
-        study.sampler = _sampler(s, join_study(study, s))
+        study.sampler = tpe_sampler(s, join_study(study, s))
     ran = 0
     while True:
         with ask_lock(s.storage):
@@ -119,7 +119,7 @@ def worker_loop(s: Settings, quiet: bool = False) -> int:
             if counted_trials(study) >= s.trials:
                 return ran
             trial = study.ask()
-            trial.set_user_attr("owner", _owner())
+            trial.set_user_attr("owner", process_owner())
         ran += 1
         start = time.perf_counter()
         try:

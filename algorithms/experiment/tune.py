@@ -62,7 +62,7 @@ from algorithms.common.errors import Stopped, VcbmGymError
 from algorithms.experiment import executor
 from algorithms.experiment.results import save_figure
 from algorithms.experiment.search_space import SEARCH_SPACES, ZOO_CONFIG_DIR, Param, apply_params, load_search_space
-from algorithms.experiment.study import SAMPLERS, Settings, _optuna, check_storage, open_study, trial_overrides
+from algorithms.experiment.study import SAMPLERS, Settings, check_storage, load_optuna, open_study, trial_overrides
 from algorithms.experiment.trials import worker_loop
 from algorithms.registry import get_arm
 
@@ -346,7 +346,7 @@ def _run(args: Any, argv: list[str], started: provenance.Start) -> dict[str, Any
 
 def finish(study: Any, settings: Settings, out: Path) -> dict[str, int]:
     """best.yml and the study's plots (a study with no complete trial is one line); the trials per state."""
-    optuna = _optuna()
+    optuna = load_optuna()
     complete = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if not complete:
         states = {t.state.name for t in study.trials}
@@ -361,7 +361,7 @@ def finish(study: Any, settings: Settings, out: Path) -> dict[str, int]:
 
 def report(study: Any, settings: Settings, out: Path, ran: int, counts: dict[str, int]) -> None:
     """What the command prints: the study's trials, the best one and its zoo snippet, the files written."""
-    optuna = _optuna()
+    optuna = load_optuna()
     best, objective = study.best_trial, settings.objective
     print(
         f"{len(study.trials)} trial(s) in study {settings.study_name!r} ({ran} run by this command): "
