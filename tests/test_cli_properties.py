@@ -20,7 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from algorithms import compare, evaluate, plot, train, tune
+from algorithms import evaluate, train
+from algorithms.experiment import compare, plot, tune
 
 PROPERTY = settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # env ids that name a file, not a registered id or an importable module

@@ -10,8 +10,9 @@ import pytest
 from scipy import stats
 
 from algorithms.common.errors import VcbmGymError
-from algorithms.compare import Job, aggregate, algo_argv, build_parser, main, run, table_markdown
-from algorithms.stats import (
+from algorithms.experiment.compare import Job, aggregate, build_parser, main, run, table_markdown
+from algorithms.experiment.jobs import parse_label
+from algorithms.experiment.stats import (
     aggregate_estimates,
     describe,
     fraction_estimate,
@@ -62,12 +63,14 @@ def test_describe_uses_the_sample_std():
 
 
 def test_algo_specs_with_a_credit_rule():
-    assert algo_argv("rudder") == ["--algo", "rudder"]
-    assert algo_argv("ppo+vcbm_bookmark") == ["--algo", "ppo", "--credit", "vcbm_bookmark"]
+    assert parse_label("rudder") == ("rudder", None)
+    assert parse_label("vcbm+") == ("vcbm+", None)  # a registered name with a "+" in it
+    assert parse_label("ppo+vcbm_bookmark") == ("ppo", "vcbm_bookmark")
     with pytest.raises(VcbmGymError, match="unknown algo"):
-        algo_argv("nope")
-    with pytest.raises(VcbmGymError, match="ALGO\\+CREDIT_RULE"):
-        algo_argv("ppo+")
+        parse_label("nope")
+    for label in ("ppo+", "ppo+a+b"):
+        with pytest.raises(VcbmGymError, match="ALGO\\+CREDIT_RULE"):
+            parse_label(label)
 
 
 def _argv(out, seeds, workers=0, max_episodes=60):
@@ -224,7 +227,7 @@ def test_results_and_table_give_iqm_and_probability_of_improvement_with_cis(tmp_
     jobs, summaries = [], {}
     for label, episodes in (("vcbm", EPISODES_A), ("rudder", EPISODES_B)):
         for seed, n in enumerate(episodes):
-            job = Job(label, seed, tmp_path / label / f"seed{seed}", (), None)
+            job = Job(label, seed, tmp_path / label / f"seed{seed}", None)
             converged = n < 5000
             jobs.append(job)
             summaries[job] = {
@@ -279,7 +282,7 @@ def test_aggregate_refuses_summaries_with_null_convergence_fields(tmp_path):
     """A summary of a run without the criterion (found in --out, say) fails with one line naming the env
     and the key, not with float(None)."""
     args = build_parser().parse_args(["--env", "CartPole-v1", "--algos", "ppo", "--seeds", "1", "--out", str(tmp_path)])
-    job = Job("ppo", 0, tmp_path / "ppo" / "seed0", (), None)
+    job = Job("ppo", 0, tmp_path / "ppo" / "seed0", None)
     summary = {"converged": None, "episodes_to_converge": None, "episodes_run": 5, "final_correct_rate": None,
                "mean_return_last_episodes": 21.0}  # fmt: skip
     with pytest.raises(VcbmGymError, match=r"env 'CartPole-v1' reports no info\['first_decision_optimal'\].*ppo seed 0"):

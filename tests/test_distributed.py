@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 from test_executor import descendants, wait_gone
 
-from algorithms.common import distributed, executor
-from algorithms.common.distributed import unpack_dir
 from algorithms.common.errors import VcbmGymError
-from algorithms.compare import make_jobs, run_seed
-from algorithms.compare import run as compare
+from algorithms.experiment import distributed, executor
+from algorithms.experiment.compare import make_jobs
+from algorithms.experiment.compare import run as compare
+from algorithms.experiment.distributed import unpack_dir
+from algorithms.experiment.jobs import run_seed
 from algorithms.train import finished_summary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,7 +71,7 @@ def test_compare_on_ray_gives_the_process_results_and_resumes(tmp_path, local_ra
 
 
 def test_tune_workers_on_ray_share_the_study(tmp_path, local_ray):
-    from algorithms.tune import run as tune
+    from algorithms.experiment.tune import run as tune
 
     result = tune(
         [
@@ -118,7 +119,7 @@ def test_a_task_on_another_node_sends_its_log_dir_back(tmp_path, monkeypatch):
     assert packed is not None
     shutil.rmtree(job.log_dir)  # compare's filesystem does not see what the worker wrote
     unpack_dir(packed, job.log_dir)
-    summary, why = finished_summary(job.log_dir, job.run)
+    summary, why = finished_summary(job.log_dir, job.spec)
     assert why == "" and summary["episodes_run"] == 30
 
 

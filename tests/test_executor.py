@@ -1,4 +1,4 @@
-"""The executor of compare and tune (algorithms.common.executor): results and failures per job, and the stop
+"""The executor of compare, suite and tune (algorithms.experiment.executor): results and failures per job, and the stop
 and orphan behaviour that every command inherits: Ctrl-C and SIGTERM stop the workers (which run their
 cleanup), and no worker outlives a command killed even by SIGKILL. compare's and tune's own tests check
 that they use it (tests/test_run_integrity.py, tests/test_tune.py, tests/test_distributed.py)."""
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from algorithms.common import executor
 from algorithms.common.errors import Stopped, VcbmGymError
+from algorithms.experiment import executor
 
 REPO = Path(__file__).resolve().parents[1]
 GONE_WITHIN_S = 10.0
@@ -111,7 +111,8 @@ def test_an_unknown_backend_is_one_clear_error():
 
 DRIVER = """
 import functools, sys
-from algorithms.common import cli, executor
+from algorithms.common import cli
+from algorithms.experiment import executor
 from test_executor import sleep_and_record
 
 def run(argv):
@@ -175,7 +176,7 @@ def test_the_kernel_kills_a_worker_whose_parent_dies(tmp_path):
     """The watchdog thread aside: prctl alone ends the worker when its parent is SIGKILLed."""
     script = """
 import os, signal, sys, time
-from algorithms.common import executor
+from algorithms.experiment import executor
 executor.PARENT_POLL_S = 3600.0  # the watchdog thread sleeps: only the kernel's signal can end this process
 if os.fork() == 0:
     executor.die_with_parent(os.getppid())

@@ -1,8 +1,10 @@
 """The import graph keeps its layers: no circle, and no import from a lower floor up to a higher one.
 
 Floors (ARCHITECTURE.md): envs (0) -> vcbm_gym (1) -> algorithms.common (2) -> the arms and the registry
-(3) -> the commands that run one thing (4) -> the experiment commands that run many (5). Every import
-counts, at module level or inside a function (a lazy import is still a dependency).
+(3) -> the commands that run one thing (4) -> the experiment package, algorithms.experiment, whose commands
+run many (5, the top floor; algorithms.compare, .tune, .plot, .suite and .stats keep their names there by
+re-exporting it). Every import counts, at module level or inside a function (a lazy import is still a
+dependency).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("envs", "vcbm_gym", "algorithms")
-ARMS = ("registry", "tabular", "sb3", "llm", "stats")
+ARMS = ("registry", "tabular", "sb3", "llm")
 SINGLE_RUN_COMMANDS = ("train", "evaluate", "credit_fidelity", "bsuite_score")
+EXPERIMENT = ("experiment", "compare", "tune", "plot", "suite", "stats")  # the package, and its commands' old names
+TOP = 5
 
 
 def floor(module: str) -> int:
@@ -32,7 +36,9 @@ def floor(module: str) -> int:
         return 3
     if second in SINGLE_RUN_COMMANDS:
         return 4
-    return 5  # compare, tune, plot, suite
+    if second in EXPERIMENT:
+        return TOP
+    return TOP  # a module no floor names yet may import anything; nothing below may import it
 
 
 def project_modules(root: Path) -> dict[str, Path]:
@@ -134,6 +140,17 @@ def test_no_module_imports_from_a_higher_floor():
     assert upward_imports(import_graph(REPO)) == []
 
 
+def test_the_experiment_package_is_the_top_floor_and_its_old_names_only_re_export_it():
+    graph = import_graph(REPO)
+    experiment = sorted(m for m in graph if m.startswith("algorithms.experiment"))
+    assert "algorithms.experiment.compare" in experiment and "algorithms.experiment.executor" in experiment
+    assert {floor(m) for m in experiment} == {TOP} and max(floor(m) for m in graph) == TOP
+    below = sorted(m for m, targets in graph.items() if floor(m) < TOP and any(t in experiment for t in targets))
+    assert below == []
+    for name in ("compare", "tune", "plot", "suite", "stats"):
+        assert graph[f"algorithms.{name}"] == {f"algorithms.experiment.{name}"}
+
+
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = tmp_path / name
@@ -155,6 +172,9 @@ def test_the_checks_find_a_circle_and_an_upward_import_even_inside_a_function(tm
             "algorithms/common/__init__.py": "",
             "algorithms/common/a.py": f"{indent}from algorithms.train import run\n",
             "algorithms/train.py": f"{indent}from .common import a\n",
+            "algorithms/registry.py": f"{indent}import algorithms.experiment.jobs\n",
+            "algorithms/experiment/__init__.py": "",
+            "algorithms/experiment/jobs.py": "from algorithms import train\n",
             "envs/__init__.py": "",
             "envs/x.py": f"{indent}import vcbm_gym.contract\n",
             "vcbm_gym/__init__.py": "",
@@ -165,5 +185,6 @@ def test_the_checks_find_a_circle_and_an_upward_import_even_inside_a_function(tm
     assert circles(graph) == [["algorithms.common.a", "algorithms.train"], ["envs.x", "vcbm_gym.contract"]]
     assert upward_imports(graph) == [
         "algorithms.common.a (floor 2) imports algorithms.train (floor 4)",
+        "algorithms.registry (floor 3) imports algorithms.experiment.jobs (floor 5)",
         "envs.x (floor 0) imports vcbm_gym.contract (floor 1)",
     ]

@@ -11,8 +11,8 @@ import yaml
 
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.scalar_writer import ScalarWriter
-from algorithms.plot import find_runs, hold_on_grid, learning_curves
-from algorithms.plot import run as plot
+from algorithms.experiment.plot import find_runs, hold_on_grid, learning_curves
+from algorithms.experiment.plot import run as plot
 
 
 def _run_dir(path, algo, scalars, hyperparams=None):
@@ -100,13 +100,16 @@ def test_bad_input_is_one_clear_error(tmp_path):
 
 
 def test_llm_runs_with_another_credit_rule_than_their_zoo_entry_are_their_own_method(tmp_path):
-    from algorithms.plot import method_label
+    from algorithms.experiment.plot import method_label
 
     def label(algo, credit):
         return method_label(tmp_path, {"algo": algo, "hyperparams": {"credit": credit}})
 
     assert label("loop", "loo") == "loop" and label("vcbm-loop", "vcbm_blend") == "vcbm-loop"
     assert label("loop", "gigpo") == "loop+gigpo" and label("ppo", "loo") == "ppo+loo"
+    assert label("ppo", "none") == "ppo" and label("ppo", None) == "ppo"
+    # the tabular credit slot (td, mc): a rule is a method of its own, as compare's td+rudder is
+    assert label("td", "rudder") == "td+rudder" and label("td", "none") == "td" and label("vcbm", None) == "vcbm"
 
 
 def _record_offsets(path) -> list[tuple[int, int]]:
@@ -141,7 +144,7 @@ DAMAGE = {
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_damaged_event_file_is_refused_naming_the_file_and_byte(tmp_path, capsys, damage):
-    from algorithms.plot import main
+    from algorithms.experiment.plot import main
 
     event_file = _two_seeds(tmp_path)
     offset, length = _record_offsets(event_file)[4]  # the record of episode 4
@@ -173,7 +176,7 @@ def test_a_damaged_event_file_is_refused_naming_the_file_and_byte(tmp_path, caps
 
 
 def test_intact_event_files_report_no_damage(tmp_path):
-    from algorithms.plot import check_event_file
+    from algorithms.experiment.plot import check_event_file
 
     event_file = _two_seeds(tmp_path)
     assert check_event_file(event_file) is None

@@ -7,7 +7,8 @@ import pytest
 
 pytest.importorskip("bsuite", reason="bsuite is not installed: pip install -e '.[bsuite]'")
 
-from algorithms import bsuite_score, suite  # noqa: E402
+from algorithms import bsuite_score  # noqa: E402
+from algorithms.experiment import suite  # noqa: E402
 
 # umbrella chains of 3 and 10 steps; 5,000 episodes: VCBM decides after ~1,400-1,900 episodes (its
 # warm-up and the z-test), so its regret per episode is about 0.3-0.4 there, below bsuite's 0.5

@@ -1,4 +1,4 @@
-"""Ray for the executor's `ray` backend (algorithms.common.executor): `compare --backend ray [--address ADDR]`,
+"""Ray for the executor's `ray` backend (algorithms.experiment.executor): `compare --backend ray [--address ADDR]`,
 `tune --backend ray`. The executor schedules the tasks; here are the Ray session and the packing of log dirs.
 
 Ray is an optional extra (`pip install -e ".[distributed]"`); without it these backends are one clear error.
@@ -12,8 +12,8 @@ dead GCS, so a reaper process (Linux) kills whatever ray.init started once the c
 installs its own SIGTERM handler: the command's is put back, so SIGTERM stops a command on Ray as it stops
 one on local processes (exit code 143, one line).
 
-A compare task is one `algorithms.train` run, exactly as the process backend runs it (same argv, so the
-same seed and config hash, the same summary.json and the same results.json). Where the task runs on
+A compare task is one `algorithms.train.execute` of the job's RunSpec, exactly as the process backend runs it
+(the same spec, so the same seed and config hash, the same summary.json and the same results.json). Where the task runs on
 another node than compare, its log dir is written there under the same path, then packed (`pack_dir`) and
 returned to compare, which unpacks it (`unpack_dir`) into --out: --out needs no shared filesystem. A tune
 task runs a tuning worker loop against the study's journal file (`algorithms.tune`), which must then be on a

@@ -1,9 +1,9 @@
-"""One executor for the commands that run many independent jobs: compare's seed runs, tune's worker loops.
+"""One executor for the commands that run many independent jobs: compare's and suite's seed runs, tune's worker loops.
 
 `run_jobs(task, jobs, workers=W, finished=..., backend=..., address=...)` calls `task(job)` for every job:
 in this process one after the other (`workers=0`, process backend), each in its own spawned process with at
 most W at once (`backend="process"`), or as Ray tasks with at most W in flight, on a local Ray instance
-started for the call (W CPUs) or on the cluster at `address` (`backend="ray"`, algorithms.common.distributed).
+started for the call (W CPUs) or on the cluster at `address` (`backend="ray"`, algorithms.experiment.distributed).
 `finished(job, result, error)` is called here, in the order the jobs end, with the task's return value or
 its failure as one line (`Type: message`); a failed job does not stop the others. `task` and the jobs must
 be picklable (a module-level function or a functools.partial of one, dataclasses), as must the results.
@@ -167,7 +167,7 @@ def check_backend(backend: str, address: str | None, workers: int, what: str = "
     if backend == "ray":
         if workers < 1:
             raise VcbmGymError(f"--workers {workers} with --backend ray: expected an integer >= 1 (tasks in flight)")
-        from algorithms.common.distributed import check_address, require_ray
+        from algorithms.experiment.distributed import check_address, require_ray
 
         require_ray("--backend ray")
         check_address(address, what)
@@ -276,7 +276,7 @@ _DRIVER_NODE: list[str | None] = [None]  # in a Ray worker: the node of the comm
 def on_remote_node() -> bool:
     """In a task that `run_jobs` runs on Ray: whether it runs on another node than the command (whose
     filesystem it then does not see). False outside Ray."""
-    from algorithms.common.distributed import node_id
+    from algorithms.experiment.distributed import node_id
 
     here = node_id()
     return here is not None and _DRIVER_NODE[0] is not None and here != _DRIVER_NODE[0]
@@ -304,7 +304,7 @@ def _run_on_ray(
     task: Callable[[Any], Any], jobs: Sequence[Any], workers: int, finished: Finished, address: str | None, what: str
 ) -> None:
     """The jobs as Ray tasks, at most `workers` in flight; a stop cancels the tasks in flight (forced)."""
-    from algorithms.common.distributed import node_id, ray_session
+    from algorithms.experiment.distributed import node_id, ray_session
 
     with ray_session(address, workers, what) as ray:
         remote = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
