@@ -9,8 +9,8 @@ be present, what it means, who reads it, and whether it is *evaluation only* (ne
   rate where the env reports SB3's `is_success`).
 - A key that something needs in order to *learn* (VCBM-LOOP's bookmarks need `state_mutating`,
   EMPO's cells need `effect`, CASI needs `coalition_values`) is required by that consumer only: a
-  credit rule declares its keys (`CreditRule.info_needs`), `NEEDS` maps the other consumers to theirs. Missing, it fails at the first step with one line
-  naming the key and this contract (`require_info`).
+  credit rule declares its keys (`CreditRule.info_needs`), `NEEDS` maps the other consumers to theirs.
+  Missing, it fails at the first step with one line naming the key and this contract (`require_info`).
 
 An env may also offer `credit_featurizer()` on its unwrapped instance: the per-step features a
 sequence credit model (RUDDER) reads, as a `vcbm_gym.credit.features.Featurizer`. Without it the

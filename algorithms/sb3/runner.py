@@ -53,7 +53,7 @@ from algorithms.common.validation import (
     check_value,
 )
 from algorithms.registry import get_algo, load_object
-from algorithms.sb3.callbacks import GROUP_BY, ConvergenceCallback, CreditCallback
+from algorithms.sb3.callbacks import DEFAULT_GROUP_BY, GROUP_BY, ConvergenceCallback, CreditCallback
 from algorithms.sb3.wrappers import EpisodeRedistributionBuffer
 from vcbm_gym.contract import env_name
 from vcbm_gym.credit.base import NO_CREDIT, RULES, CreditRule, make_rule, misfit_line, unmet_rule_needs
@@ -69,7 +69,7 @@ class SB3RunConfig(EpisodeRunConfig):
     policy: str = "MlpPolicy"
     episode_steps: int | None = None  # None: the env's max_episode_steps or params.horizon
     credit_kwargs: dict = field(default_factory=dict)  # rule name -> that rule's constructor kwargs
-    credit_group_by: str = "none"  # on-policy only: "none" or "initial_obs" (see callbacks.py)
+    credit_group_by: str = DEFAULT_GROUP_BY  # on-policy only: "none" or "initial_obs" (see callbacks.py)
     torch_threads: int = 1
     device: str = "cpu"
 

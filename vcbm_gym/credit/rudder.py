@@ -170,7 +170,12 @@ class GatelessLSTM(nn.Module):
     """
 
     def __init__(
-        self, n_features: int, hidden_size: int = 16, init_std: float = 0.1, input_gate_bias: float = -3.0, seed: int = 0
+        self,
+        n_features: int,
+        hidden_size: int = RudderLSTMConfig.hidden_size,
+        init_std: float = RudderLSTMConfig.init_std,
+        input_gate_bias: float = RudderLSTMConfig.input_gate_bias_init,
+        seed: int = 0,
     ):
         super().__init__()
         self.cell_input = nn.Linear(n_features, hidden_size)  # W, b
@@ -385,7 +390,10 @@ def train_until_converged(model: GatelessLSTM, adam: AdamState, buffer: LessonBu
 
 @torch.no_grad()
 def redistribute(
-    model: GatelessLSTM, features: np.ndarray | torch.Tensor, reward_scale: float = 10.0, lengths: np.ndarray | None = None
+    model: GatelessLSTM,
+    features: np.ndarray | torch.Tensor,
+    reward_scale: float = RudderLSTMConfig.reward_scale,
+    lengths: np.ndarray | None = None,
 ) -> np.ndarray:
     """Eq. 5: r_t = R_scale (G_hat_t - G_hat_{t-1}), G_hat_{-1} = 0, for (B, T, F) or (T, F) features.
 
