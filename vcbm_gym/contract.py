@@ -43,6 +43,7 @@ import numpy as np
 from envs.contract_errors import CONTRACT, ContractError, env_name, non_finite_reward_message  # noqa: F401 (re-exported)
 
 STEP, END = "every step", "the episode's last step"
+PROBE_MAX_STEPS = 100_000  # a probe episode (the contract checker's, the criterion probe's) longer than this decides nothing
 
 
 def _is_bool(value: Any) -> bool:
@@ -290,7 +291,7 @@ def check_contract(
     episodes: int = 2,
     seed: int = 0,
     policy: Callable[[Any], Any] | None = None,
-    max_steps: int = 100_000,
+    max_steps: int = PROBE_MAX_STEPS,
     reset_options: Mapping[str, Any] | None = None,
     check_api: bool = True,
 ) -> ContractReport:

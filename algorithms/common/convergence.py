@@ -17,10 +17,9 @@ from typing import Any, Mapping
 
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.validation import AT_LEAST_ONE, UNIT_POSITIVE, Validated
-from vcbm_gym.contract import CONTRACT, ContractError, check_value
+from vcbm_gym.contract import CONTRACT, PROBE_MAX_STEPS, ContractError, check_value
 
 CRITERION_KEY = "first_decision_optimal"
-PROBE_MAX_STEPS = 100_000  # a probe episode longer than this decides nothing
 
 
 def no_criterion_error(env_id: str, where: str, needs: str) -> VcbmGymError:
