@@ -160,7 +160,7 @@ def misfit(name: str, arm: str, batch_provides: Collection[str], info_provides: 
     this line, from the rule's own `batch_needs` and `info_needs`: the one declaration of what a rule needs."""
     if name not in RULES:
         fitting = [rule for rule in RULES if not unmet_rule_needs(rule_class(rule), batch_provides, info_provides)]
-        return f"unknown credit rule {name!r}; expected {NO_CREDIT} or one of: {', '.join(fitting)}"
+        return f"unknown credit rule {name!r}; expected one of: {', '.join([NO_CREDIT, *fitting])}"
     return misfit_line(
         name, unmet_rule_needs(rule_class(name), batch_provides, info_provides), arm, batch_provides, info_provides
     )
