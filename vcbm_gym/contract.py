@@ -285,6 +285,40 @@ class ContractReport:
         return out
 
 
+def _check_episode(
+    env: gym.Env,
+    act: Callable[[Any], Any],
+    episode: int,
+    required: Mapping[str, str],
+    observations: ReturnedObservations,
+    **how: Any,
+) -> tuple[int, Mapping[str, Any]]:
+    """Play episode `episode` of `check_contract` (how: seed, max_steps, reset_options) and check every step of it;
+    (its steps, its last info)."""
+    name, max_steps, reset_options = observations.env_name, how["max_steps"], how["reset_options"]
+    obs, _ = env.reset(seed=how["seed"] if episode == 1 else None, options=dict(reset_options) if reset_options else None)
+    observations.returned(obs, f"the reset of episode {episode}")
+    done, t, info = False, 0, {}
+    while not done:
+        if t >= max_steps:
+            raise ContractError(
+                f"env {name}: episode {episode} did not end within max_steps={max_steps}: "
+                "expected episodes that terminate or truncate"
+            )
+        obs, reward, terminated, truncated, info = env.step(act(obs))
+        t += 1
+        done = bool(terminated or truncated)
+        where = f"step {t} of episode {episode}"
+        observations.returned(obs, where)
+        check_reward(reward, name, where)
+        for key, spec in INFO_KEYS.items():
+            if key in info:
+                check_value(key, info[key], where)
+            elif key in required and (spec.when == STEP or done):
+                raise ContractError(missing_key_message(key, required[key], name, where))
+    return t, info
+
+
 def check_contract(
     env: gym.Env,
     needs: Iterable[str] = (),
@@ -325,26 +359,9 @@ def check_contract(
     steps = 0
     observations = ReturnedObservations(name)
     for episode in range(1, episodes + 1):
-        obs, _ = env.reset(seed=seed if episode == 1 else None, options=dict(reset_options) if reset_options else None)
-        observations.returned(obs, f"the reset of episode {episode}")
-        done, t, info = False, 0, {}
-        while not done:
-            if t >= max_steps:
-                raise ContractError(
-                    f"env {name}: episode {episode} did not end within max_steps={max_steps}: "
-                    "expected episodes that terminate or truncate"
-                )
-            obs, reward, terminated, truncated, info = env.step(act(obs))
-            t += 1
-            done = bool(terminated or truncated)
-            where = f"step {t} of episode {episode}"
-            observations.returned(obs, where)
-            check_reward(reward, name, where)
-            for key, spec in INFO_KEYS.items():
-                if key in info:
-                    check_value(key, info[key], where)
-                elif key in required and (spec.when == STEP or done):
-                    raise ContractError(missing_key_message(key, required[key], name, where))
+        t, info = _check_episode(
+            env, act, episode, required, observations, seed=seed, max_steps=max_steps, reset_options=reset_options
+        )
         steps += t
         ended = {key for key, spec in INFO_KEYS.items() if key in info and spec.when == END}
         if at_end is not None and ended != at_end:
