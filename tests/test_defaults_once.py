@@ -73,7 +73,7 @@ LEGITIMATE: dict[str, dict[tuple[str, str], str]] = {
         ("algorithms/tabular/q_learning.py", "QLearningConfig"): "Q-learning's discount",
     },
     "eps": {
-        ("vcbm_gym/credit/rudder.py", "adam_step"): "Adam's epsilon, not a group std's",
+        ("vcbm_gym/credit/model_training.py", "adam_step"): "Adam's epsilon, not a group std's",
     },
     "q_init": {
         ("algorithms/tabular/q_learning.py", "QLearningConfig"): "td's Q over every state starts at 0 (mc, rudder: OPTIMISTIC_Q)",
@@ -88,7 +88,7 @@ LEGITIMATE: dict[str, dict[tuple[str, str], str]] = {
     "seed": {
         ("vcbm_gym/contract.py", "check_contract"): "a seed, not a hyperparameter: every seeded object starts from 0",
         ("vcbm_gym/credit/rudder.py", "GatelessLSTM.__init__"): "a seed",
-        ("vcbm_gym/credit/rudder.py", "LessonBuffer.__init__"): "a seed",
+        ("vcbm_gym/credit/model_training.py", "LessonBuffer.__init__"): "a seed",
         ("vcbm_gym/credit/rudder.py", "RudderRule.__init__"): "a seed",
         ("vcbm_gym/credit/rrd.py", "RewardModel.__init__"): "a seed",
         ("vcbm_gym/credit/rrd.py", "RRDRule.__init__"): "a seed",

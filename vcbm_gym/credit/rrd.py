@@ -57,7 +57,7 @@ from torch import nn
 
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 from vcbm_gym.credit.features import Featurizer
-from vcbm_gym.credit.rudder import AdamState, LessonBuffer, adam_step
+from vcbm_gym.credit.model_training import AdamState, LessonBuffer, adam_step
 
 
 @dataclass
