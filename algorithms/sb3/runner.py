@@ -13,6 +13,10 @@ class's own signature (SB3 is the only source of their defaults; zoo_configs/<al
 differs); credit-rule arguments go under `credit_kwargs`, keyed by rule name
 (`credit_kwargs: {vcbm_bookmark: {alpha: 0.01}}`), so one config serves every --credit. SB3 writes
 its own TensorBoard logs into the run's log dir.
+
+`ARM` (`SB3Arm`, an algorithms.common.spec.Arm) is what algorithms.train drives: `resolve` builds the
+run's typed config (`SB3Config`) once into the RunSpec (the rule built dry there), `validate` builds
+the model dry, and `run` trains from the typed config.
 """
 
 from __future__ import annotations

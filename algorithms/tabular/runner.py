@@ -16,6 +16,9 @@ exactly two) is refused in `resolve` with one line, before the log dir exists.
 rule on the agent's spaces and hands it to the agent, which learns from the rule's return-equivalent
 rewards; its arguments go under `credit_kwargs`, keyed by rule name. A rule the tabular episode cannot
 feed, or `--credit` with an agent that has its own credit (vcbm, rudder), is refused in `resolve`.
+
+`ARM` (`TabularArm`, an algorithms.common.spec.Arm) is what algorithms.train drives: `resolve` builds the
+run's typed config (`TabularConfig`) once into the RunSpec, and `run` trains from it.
 """
 
 from __future__ import annotations
