@@ -139,13 +139,9 @@ def format_table(rows: list[tuple[str, float | None]], model: str, counts: dict)
     return "\n".join(lines)
 
 
-def evaluate(args: argparse.Namespace) -> dict:
-    import gymnasium as gym
-
-    import vcbm_gym  # noqa: F401  (registers AppWorld-v0)
-    from envs.appworld.pool import AppWorldServerError, SandboxUnavailableError, default_root
-    from envs.appworld.prompt import system_prompt
-
+def check_arguments(args: argparse.Namespace) -> Path:
+    """Every argument checked before anything is scored (a bad --out would throw the evaluation away); the --out
+    directory, created only to write the results."""
     if args.env != "AppWorld-v0":
         raise VcbmGymError(f"--env {args.env!r}: this evaluator scores AppWorld tasks; expected AppWorld-v0")
     cli.check_seed(args.seed)
@@ -153,67 +149,59 @@ def evaluate(args: argparse.Namespace) -> dict:
     cli.check_int(args.max_interactions, "--max-interactions", 1, 10_000)
     cli.check_int(args.max_new_tokens, "--max-new-tokens", 1)
     cli.check_int(args.max_prompt_chars, "--max-prompt-chars", 1)
-    # checked before scoring (a bad --out would throw the evaluation away), created only to write the results
-    out = cli.check_output_dir(args.out, "--out")
-    data_root = Path(args.appworld_root or default_root())
-    if args.model.startswith("scripted:"):
-        policy = scripted_policy(args.model.removeprefix("scripted:"), data_root)
-    else:
-        policy = model_policy(args.model, args.seed, args.max_new_tokens, args.max_prompt_chars)
+    return cli.check_output_dir(args.out, "--out")
 
-    env_kwargs = {"split": args.split, "max_interactions": args.max_interactions}
-    if args.appworld_root:
-        env_kwargs["appworld_root"] = args.appworld_root
-    if args.trusted_code:
-        env_kwargs["trusted_code"] = True
-    env = gym.make("AppWorld-v0", **env_kwargs)
-    appworld = env.unwrapped
+
+def split_task_ids(appworld, args: argparse.Namespace) -> list[str]:
+    """The split's tasks (of --difficulty, the first --max-tasks), or one line saying why there are none."""
+    from envs.appworld.pool import AppWorldServerError, SandboxUnavailableError
+
     try:
-        try:
-            task_ids = appworld.task_ids(args.split, args.difficulty)
-        except SandboxUnavailableError as error:
-            raise VcbmGymError(f"{error} (here: --trusted-code)") from None
-        except AppWorldServerError as error:
-            raise VcbmGymError(f"--split {args.split!r}: {error}") from None
-        task_ids = task_ids[: args.max_tasks] if args.max_tasks else task_ids
-        if not task_ids:
-            raise VcbmGymError(f"--split {args.split!r} (difficulty {args.difficulty}) has no tasks")
-        results, returns = {}, {}
-        for task_id in task_ids:
-            observation, info = env.reset(seed=args.seed, options={"task_id": task_id})
-            messages = [
-                {"role": "system", "content": system_prompt()},
-                {"role": "user", "content": observation},
-            ]
-            done, reward, step_info = False, 0.0, {}
-            while not done:
-                action = policy(task_id, messages)
-                if action is None:
-                    break
-                observation, reward, terminated, truncated, step_info = env.step(action)
-                messages += [
-                    {"role": "assistant", "content": action},
-                    {"role": "user", "content": observation},
-                ]
-                done = terminated or truncated
-            try:
-                evaluation = step_info["evaluation"] if done else appworld.evaluate()
-            except AppWorldServerError as error:
-                raise VcbmGymError(f"task {task_id!r} of --split {args.split!r} cannot be scored: {error}") from None
-            if evaluation is None:
-                raise VcbmGymError(f"task {task_id!r} of --split {args.split!r} has no ground truth to score against")
-            if not done:
-                reward = evaluation["pass_count"] / evaluation["num_tests"] if evaluation["num_tests"] else 0.0
-            results[task_id] = evaluation
-            returns[task_id] = float(reward)
-            print(
-                f"{task_id}: difficulty {evaluation['difficulty']}, passed {evaluation['pass_count']}/{evaluation['num_tests']}, "
-                f"success {evaluation['success']}, turns {sum(1 for m in messages if m['role'] == 'assistant')}",
-                file=sys.stderr,
-            )
-        metrics = appworld.metrics(results)
-    finally:
-        env.close()
+        task_ids = appworld.task_ids(args.split, args.difficulty)
+    except SandboxUnavailableError as error:
+        raise VcbmGymError(f"{error} (here: --trusted-code)") from None
+    except AppWorldServerError as error:
+        raise VcbmGymError(f"--split {args.split!r}: {error}") from None
+    task_ids = task_ids[: args.max_tasks] if args.max_tasks else task_ids
+    if not task_ids:
+        raise VcbmGymError(f"--split {args.split!r} (difficulty {args.difficulty}) has no tasks")
+    return task_ids
+
+
+def play_task(env, policy: Policy, task_id: str, args: argparse.Namespace) -> tuple[dict, float]:
+    """One episode of `task_id` under `policy`: AppWorld's evaluation of the world it leaves, and its return.
+    A policy that stops early is scored on the world as it left it (the fraction of tests passed)."""
+    from envs.appworld.pool import AppWorldServerError
+    from envs.appworld.prompt import system_prompt
+
+    observation, _ = env.reset(seed=args.seed, options={"task_id": task_id})
+    messages = [{"role": "system", "content": system_prompt()}, {"role": "user", "content": observation}]
+    done, reward, step_info = False, 0.0, {}
+    while not done:
+        action = policy(task_id, messages)
+        if action is None:
+            break
+        observation, reward, terminated, truncated, step_info = env.step(action)
+        messages += [{"role": "assistant", "content": action}, {"role": "user", "content": observation}]
+        done = terminated or truncated
+    try:
+        evaluation = step_info["evaluation"] if done else env.unwrapped.evaluate()
+    except AppWorldServerError as error:
+        raise VcbmGymError(f"task {task_id!r} of --split {args.split!r} cannot be scored: {error}") from None
+    if evaluation is None:
+        raise VcbmGymError(f"task {task_id!r} of --split {args.split!r} has no ground truth to score against")
+    if not done:
+        reward = evaluation["pass_count"] / evaluation["num_tests"] if evaluation["num_tests"] else 0.0
+    print(
+        f"{task_id}: difficulty {evaluation['difficulty']}, passed {evaluation['pass_count']}/{evaluation['num_tests']}, "
+        f"success {evaluation['success']}, turns {sum(1 for m in messages if m['role'] == 'assistant')}",
+        file=sys.stderr,
+    )
+    return evaluation, float(reward)
+
+
+def write_results(out: Path, args: argparse.Namespace, results: dict, returns: dict, metrics: dict) -> dict:
+    """results.json, metrics.json and table.md in `out` (each written atomically); the table is printed."""
     counts: dict[str, int] = {}
     for evaluation in results.values():
         counts[str(evaluation["difficulty"])] = counts.get(str(evaluation["difficulty"]), 0) + 1
@@ -236,6 +224,35 @@ def evaluate(args: argparse.Namespace) -> dict:
     cli.atomic_write_text(out / "table.md", table + "\n")
     print(table)
     return summary
+
+
+def evaluate(args: argparse.Namespace) -> dict:
+    import gymnasium as gym
+
+    import vcbm_gym  # noqa: F401  (registers AppWorld-v0)
+    from envs.appworld.pool import default_root
+
+    out = check_arguments(args)
+    data_root = Path(args.appworld_root or default_root())
+    if args.model.startswith("scripted:"):
+        policy = scripted_policy(args.model.removeprefix("scripted:"), data_root)
+    else:
+        policy = model_policy(args.model, args.seed, args.max_new_tokens, args.max_prompt_chars)
+
+    env_kwargs = {"split": args.split, "max_interactions": args.max_interactions}
+    if args.appworld_root:
+        env_kwargs["appworld_root"] = args.appworld_root
+    if args.trusted_code:
+        env_kwargs["trusted_code"] = True
+    env = gym.make("AppWorld-v0", **env_kwargs)
+    try:
+        results, returns = {}, {}
+        for task_id in split_task_ids(env.unwrapped, args):
+            results[task_id], returns[task_id] = play_task(env, policy, task_id, args)
+        metrics = env.unwrapped.metrics(results)
+    finally:
+        env.close()
+    return write_results(out, args, results, returns, metrics)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""Which algorithms exist, and which runner trains each (imported lazily: torch/TRL only when used)."""
+"""Which algorithms exist, and which arm trains each (its runner module imported lazily: torch/TRL only when used)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from algorithms.common.spec import Arm
 
 @dataclass(frozen=True)
 class AlgoSpec:
-    runner: str  # module with add_arguments(parser), resolve(algo, env_id, mapping), run(ctx)
+    runner: str  # the module whose `ARM` (an algorithms.common.spec.Arm) resolves, checks and trains the run
     target: str  # "module:Class" of the agent (tabular) or algorithm (SB3); runner-specific
     description: str
 

@@ -1,10 +1,11 @@
 """`python -m algorithms.train --algo ALGO --env ENV_ID [...]`: train one run, log it, summarise it.
 
 Hyperparameters come from `zoo_configs/<algo>.yml[env_id]`, then `--config FILE` (flat, keyed by
-env id, or the config.yml of an earlier run), then `--hyperparams key=value ...`, then the runner's
-flags (`--max-episodes`, SB3's `--credit`); they are resolved into one checked config
-(`ResolvedRun`) before anything runs, and the runner's `validate` builds the run's objects dry
-(SB3's model, the LLM config and model path) before the log dir is touched: a refused command leaves
+env id, or the config.yml of an earlier run), then `--hyperparams key=value ...`, then the arm's
+flags (`--max-episodes`, `--credit`); the algo's arm (`algorithms.registry.get_arm`, an
+`algorithms.common.spec.Arm`) resolves them once into a frozen `RunSpec` (the plain values and the
+arm's typed config) before anything runs, and `Arm.validate` builds the run's objects dry (SB3's
+model, the LLM config and model path) before the log dir is touched: a refused command leaves
 nothing on disk. Every run writes into its log dir: `config.yml` (that config,
 its hash, the package versions and the git commit), TensorBoard events and `summary.json` (with the
 config hash and a checksum). Both files are written to a temporary name and renamed. An existing
@@ -99,7 +100,7 @@ def check_env_id(env_id: str) -> None:
         )
 
 
-# The resolved run: one frozen object, built once (algorithms.common.spec)
+# Transitional name of RunSpec (compare imports it until it moves to RunSpec)
 ResolvedRun = RunSpec
 
 

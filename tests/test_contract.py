@@ -12,7 +12,8 @@ import vcbm_gym
 from algorithms.common.convergence import ConvergenceTracker, EpisodeOutcomes
 from algorithms.llm.runner import check_env_reports, info_needs
 from envs.delayed_reward import DelayedReward
-from vcbm_gym.contract import INFO_KEYS, NEEDS, ContractError, check_contract
+from vcbm_gym.contract import INFO_KEYS, NEEDS, ContractError, check_contract, required_keys
+from vcbm_gym.credit.base import RULES, rule_class
 
 # What each registered env must satisfy beyond the API (AppWorld-v0: tests/test_appworld.py, which has its servers).
 NEEDED = {
@@ -37,7 +38,7 @@ def test_every_registered_env_is_listed_here():
 @pytest.mark.parametrize("env_id", sorted(NEEDED))
 def test_registered_envs_meet_the_contract(env_id):
     report = check_contract(gym.make(env_id), needs=NEEDED[env_id], episodes=2, seed=3)
-    needed = {key for need in NEEDED[env_id] for key in NEEDS[need]}
+    needed = set(required_keys(NEEDED[env_id]))
     assert needed <= report.reported
     assert EVALUATION.get(env_id, set()) <= report.reported
     assert report.episodes == 2 and report.steps >= 2
@@ -99,7 +100,7 @@ def test_wrong_types_and_keys_on_some_episodes_only_fail():
     with pytest.raises(ContractError) as excinfo:
         check_contract(sometimes, episodes=2, check_api=False)
     assert "info['first_decision_optimal']" in _one_line(excinfo) and "episode 2" in str(excinfo.value)
-    with pytest.raises(ValueError, match="unknown consumer or key 'nope'"):
+    with pytest.raises(ValueError, match="unknown consumer, credit rule or key 'nope'"):
         check_contract(gym.make("DelayedCartPole-v1"), needs=("nope",))
 
 
@@ -108,7 +109,16 @@ def test_the_contract_names_every_key_a_runner_or_rule_reads():
         "first_decision_optimal", "is_success", "task_goal_completion", "is_decision_turn",
         "state_mutating", "execution_output", "effect", "coalition_values",
     }  # fmt: skip
-    assert {key for keys in NEEDS.values() for key in keys} <= {k for k, spec in INFO_KEYS.items() if not spec.evaluation_only}
+    learned_from = {k for k, spec in INFO_KEYS.items() if not spec.evaluation_only}
+    assert {key for keys in NEEDS.values() for key in keys} <= learned_from
+    assert {key for name in RULES for key in rule_class(name).info_needs} <= learned_from
+
+
+def test_a_rule_name_needs_the_info_keys_the_rule_declares():
+    assert required_keys(["casi"]) == {"coalition_values": "credit rule casi"}
+    assert set(required_keys(["vcbm_blend"])) == {"state_mutating", "execution_output"}
+    assert required_keys(["rudder"]) == {}
+    assert "casi" not in NEEDS  # declared once, by the rule (CreditRule.info_needs)
 
 
 def test_llm_runner_checks_what_the_run_learns_from_at_the_first_step():

@@ -8,9 +8,9 @@ be present, what it means, who reads it, and whether it is *evaluation only* (ne
   convergence criterion: it trains for its episode budget and reports its return (and its success
   rate where the env reports SB3's `is_success`).
 - A key that something needs in order to *learn* (VCBM-LOOP's bookmarks need `state_mutating`,
-  EMPO's cells need `effect`, CASI needs `coalition_values`) is required by that consumer only;
-  `NEEDS` maps each consumer to its keys. Missing, it fails at the first step with one line
-  naming the key and this contract (`require_info`).
+  EMPO's cells need `effect`, CASI needs `coalition_values`) is required by that consumer only: a
+  credit rule declares its keys (`CreditRule.info_needs`), `NEEDS` maps the other consumers to theirs.
+  Missing, it fails at the first step with one line naming the key and this contract (`require_info`).
 
 An env may also offer `credit_featurizer()` on its unwrapped instance: the per-step features a
 sequence credit model (RUDDER) reads, as a `vcbm_gym.credit.features.Featurizer`. Without it the
@@ -43,6 +43,7 @@ import numpy as np
 from envs.contract_errors import CONTRACT, ContractError, env_name, non_finite_reward_message  # noqa: F401 (re-exported)
 
 STEP, END = "every step", "the episode's last step"
+PROBE_MAX_STEPS = 100_000  # a probe episode (the contract checker's, the criterion probe's) longer than this decides nothing
 
 
 def _is_bool(value: Any) -> bool:
@@ -130,27 +131,36 @@ INFO_KEYS: dict[str, InfoKey] = {
     )
 }  # fmt: skip
 
-# Who needs which keys to learn (a consumer's name as the user types it -> keys).
+# Who needs which keys to learn, beyond the credit rules (a consumer's name as the user types it -> keys). A
+# credit rule declares its own keys (CreditRule.info_needs, vcbm_gym/credit/base.py); `required_keys` reads them.
 NEEDS: dict[str, tuple[str, ...]] = {
     "vcbm-loop": ("state_mutating",),
     "--ratio-sharing effect": ("effect",),
-    "casi": ("coalition_values",),
 }
-# Credit rules that learn from per-turn info keys; runners that do not collect them refuse these.
-RULE_INFO_KEYS: dict[str, tuple[str, ...]] = {"vcbm_blend": ("state_mutating", "execution_output"), "casi": ("coalition_values",)}
 
 
-# The contract's short name in error messages.
+def rule_info_needs(name: str) -> tuple[str, ...] | None:
+    """The info keys credit rule `name` declares it learns from (CreditRule.info_needs), or None: no such rule."""
+    from vcbm_gym.credit.base import RULES, rule_class  # the rule's module only, when a rule is named
+
+    return rule_class(name).info_needs if name in RULES else None
+
+
 def required_keys(needs: Iterable[str]) -> dict[str, str]:
-    """Consumer names (keys of NEEDS) or info key names -> {key: who needs it}."""
+    """Consumer names (keys of NEEDS), credit rule names (their info_needs) or info key names -> {key: who needs it}."""
     out: dict[str, str] = {}
     for need in needs:
         if need in NEEDS:
             out.update({key: need for key in NEEDS[need] if key not in out})
         elif need in INFO_KEYS:
             out.setdefault(need, f"info[{need!r}]")
+        elif (rule_keys := rule_info_needs(need)) is not None:
+            out.update({key: f"credit rule {need}" for key in rule_keys if key not in out})
         else:
-            raise ValueError(f"needs: unknown consumer or key {need!r}; expected one of: {', '.join([*NEEDS, *INFO_KEYS])}")
+            raise ValueError(
+                f"needs: unknown consumer, credit rule or key {need!r}; expected one of: {', '.join([*NEEDS, *INFO_KEYS])} "
+                "or a credit rule's name"
+            )
     return out
 
 
@@ -275,20 +285,55 @@ class ContractReport:
         return out
 
 
+def _check_episode(
+    env: gym.Env,
+    act: Callable[[Any], Any],
+    episode: int,
+    required: Mapping[str, str],
+    observations: ReturnedObservations,
+    **how: Any,
+) -> tuple[int, Mapping[str, Any]]:
+    """Play episode `episode` of `check_contract` (how: seed, max_steps, reset_options) and check every step of it;
+    (its steps, its last info)."""
+    name, max_steps, reset_options = observations.env_name, how["max_steps"], how["reset_options"]
+    obs, _ = env.reset(seed=how["seed"] if episode == 1 else None, options=dict(reset_options) if reset_options else None)
+    observations.returned(obs, f"the reset of episode {episode}")
+    done, t, info = False, 0, {}
+    while not done:
+        if t >= max_steps:
+            raise ContractError(
+                f"env {name}: episode {episode} did not end within max_steps={max_steps}: "
+                "expected episodes that terminate or truncate"
+            )
+        obs, reward, terminated, truncated, info = env.step(act(obs))
+        t += 1
+        done = bool(terminated or truncated)
+        where = f"step {t} of episode {episode}"
+        observations.returned(obs, where)
+        check_reward(reward, name, where)
+        for key, spec in INFO_KEYS.items():
+            if key in info:
+                check_value(key, info[key], where)
+            elif key in required and (spec.when == STEP or done):
+                raise ContractError(missing_key_message(key, required[key], name, where))
+    return t, info
+
+
 def check_contract(
     env: gym.Env,
     needs: Iterable[str] = (),
     episodes: int = 2,
     seed: int = 0,
     policy: Callable[[Any], Any] | None = None,
-    max_steps: int = 100_000,
+    max_steps: int = PROBE_MAX_STEPS,
     reset_options: Mapping[str, Any] | None = None,
     check_api: bool = True,
 ) -> ContractReport:
     """Check `env` against the contract; raise ContractError (one line) where it breaks it: a missing or
     mistyped info key, a NaN or infinite reward, an observation changed in place after it was returned.
 
-    `needs`: consumers (keys of NEEDS, e.g. "vcbm-loop") or info key names that must be reported.
+    `needs`: consumers (keys of NEEDS, e.g. "vcbm-loop"), credit rule names (e.g. "casi") or info key names
+    that must be reported.
     Plays `episodes` episodes from `reset(seed=seed)` with `policy(observation)` (default: the
     action space's own seeded `sample()`), at most `max_steps` steps each. Checks that every needed
     key is present on every step (or last step) the contract says, that every contract key the env
@@ -314,26 +359,9 @@ def check_contract(
     steps = 0
     observations = ReturnedObservations(name)
     for episode in range(1, episodes + 1):
-        obs, _ = env.reset(seed=seed if episode == 1 else None, options=dict(reset_options) if reset_options else None)
-        observations.returned(obs, f"the reset of episode {episode}")
-        done, t, info = False, 0, {}
-        while not done:
-            if t >= max_steps:
-                raise ContractError(
-                    f"env {name}: episode {episode} did not end within max_steps={max_steps}: "
-                    "expected episodes that terminate or truncate"
-                )
-            obs, reward, terminated, truncated, info = env.step(act(obs))
-            t += 1
-            done = bool(terminated or truncated)
-            where = f"step {t} of episode {episode}"
-            observations.returned(obs, where)
-            check_reward(reward, name, where)
-            for key, spec in INFO_KEYS.items():
-                if key in info:
-                    check_value(key, info[key], where)
-                elif key in required and (spec.when == STEP or done):
-                    raise ContractError(missing_key_message(key, required[key], name, where))
+        t, info = _check_episode(
+            env, act, episode, required, observations, seed=seed, max_steps=max_steps, reset_options=reset_options
+        )
         steps += t
         ended = {key for key, spec in INFO_KEYS.items() if key in info and spec.when == END}
         if at_end is not None and ended != at_end:

@@ -17,10 +17,9 @@ from typing import Any, Mapping
 
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.validation import AT_LEAST_ONE, UNIT_POSITIVE, Validated
-from vcbm_gym.contract import CONTRACT, ContractError, check_value
+from vcbm_gym.contract import CONTRACT, PROBE_MAX_STEPS, ContractError, check_value
 
 CRITERION_KEY = "first_decision_optimal"
-PROBE_MAX_STEPS = 100_000  # a probe episode longer than this decides nothing
 
 
 def no_criterion_error(env_id: str, where: str, needs: str) -> VcbmGymError:
@@ -62,7 +61,7 @@ class EpisodeRunConfig(Validated):
     RANGES = {"max_episodes": AT_LEAST_ONE, "convergence_window": AT_LEAST_ONE, "convergence_threshold": UNIT_POSITIVE}
 
     max_episodes: int = 20_000
-    convergence_window: int = 750
+    convergence_window: int = 750  # the paper's criterion (Sec. V-A2): 95% correct over the last 750 episodes
     convergence_threshold: float = 0.95
     stop_at_convergence: bool = True
     env_kwargs: dict = field(default_factory=dict)
@@ -72,7 +71,7 @@ class ConvergenceTracker:
     """A run converges at the first episode where the fraction of correct first decisions over
     the last `window` episodes (a full window) reaches `threshold`."""
 
-    def __init__(self, window: int = 750, threshold: float = 0.95) -> None:
+    def __init__(self, window: int, threshold: float) -> None:  # EpisodeRunConfig holds the defaults
         if window < 1 or not 0 < threshold <= 1:
             raise ValueError(f"window={window}, threshold={threshold}: expected window >= 1 and 0 < threshold <= 1")
         self.window, self.threshold = window, threshold

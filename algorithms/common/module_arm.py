@@ -9,7 +9,7 @@ from types import ModuleType
 from typing import Any
 
 from algorithms.common.run_context import RunContext
-from algorithms.common.spec import Arm, Objective, RunOptions, RunSpec
+from algorithms.common.spec import EPISODES, ITERATIONS, Arm, RunOptions, RunSpec  # noqa: F401 (the LLM runner imports them from here)
 
 
 class ModuleArm(Arm):
@@ -40,15 +40,3 @@ class ModuleArm(Arm):
 
     def run(self, spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
         return self.module.run(self._context(spec, log_dir, options))
-
-
-EPISODES = Objective(
-    "minimize",
-    "episodes to converge, mean over the seeds (the cap for a run that does not converge)",
-    "incorrect-decision rate, 1 - the correct-decision moving average",
-)
-ITERATIONS = Objective(
-    "maximize",
-    "task goal completion (optimal-decision rate), mean of the last --final-window iterations and the seeds",
-    "task goal completion of the iteration",
-)

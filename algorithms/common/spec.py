@@ -18,6 +18,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from vcbm_gym.credit.base import NO_CREDIT, RULES, misfit
+
 Report = Callable[[int, dict[str, float]], None]
 
 
@@ -80,6 +82,18 @@ class Objective:
         return 1.0 - rate if self.direction == "minimize" else rate
 
 
+EPISODES = Objective(
+    "minimize",
+    "episodes to converge, mean over the seeds (the cap for a run that does not converge)",
+    "incorrect-decision rate, 1 - the correct-decision moving average",
+)
+ITERATIONS = Objective(
+    "maximize",
+    "task goal completion (optimal-decision rate), mean of the last --final-window iterations and the seeds",
+    "task goal completion of the iteration",
+)
+
+
 class Arm(ABC):
     """One family of algorithms (tabular, SB3, LLM): how its runs are resolved, checked and trained, and
     what the experiment commands (compare, tune, plot, suite) need to know about it."""
@@ -93,15 +107,27 @@ class Arm(ABC):
     reports_convergence: ClassVar[bool]  # summaries carry episodes to converge (compare's measure)
     multi_process: ClassVar[bool] = False  # accepts torchrun / accelerate launch
     resumes_itself: ClassVar[bool] = False  # keeps checkpoints: --resume continues instead of restarting
-    batch_provides: ClassVar[frozenset[str]] = frozenset()  # EpisodeBatch fields a credit rule can read
+    # What a credit rule can learn from in this arm, in the terms of CreditRule.batch_needs and .info_needs
+    # (vcbm_gym/credit/base.py): EpisodeBatch fields beyond rewards and mask, and the env info keys the arm
+    # collects per turn into its batches. A rule is refused by comparing its declarations with these.
+    batch_provides: ClassVar[frozenset[str]] = frozenset()
+    info_provides: ClassVar[frozenset[str]] = frozenset()
 
     def default_credit(self, algo: str) -> str:
         """The credit rule a run of `algo` uses when no config names one ("none": the algorithm's own)."""
-        return "none"
+        return NO_CREDIT
 
     def method_label(self, algo: str, credit: str | None) -> str:
         """`algo`, or `algo+rule` when the run's credit rule is not the algorithm's default."""
-        return algo if credit in (None, "none", self.default_credit(algo)) else f"{algo}+{credit}"
+        return algo if credit in (None, NO_CREDIT, self.default_credit(algo)) else f"{algo}+{credit}"
+
+    def credit_misfit(self, name: str) -> str | None:
+        """Why credit rule `name` cannot run in this arm (one line), or None; imports that rule's module only."""
+        return None if name == NO_CREDIT else misfit(name, self.name, self.batch_provides, self.info_provides)
+
+    def credit_rules(self) -> tuple[str, ...]:
+        """ "none" and every registered rule whose declared needs this arm meets (imports every rule's module)."""
+        return (NO_CREDIT, *(name for name in RULES if self.credit_misfit(name) is None))
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """The arm's own train flags."""

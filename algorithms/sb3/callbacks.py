@@ -29,6 +29,7 @@ from algorithms.common.convergence import EpisodeOutcomes
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 GROUP_BY = ("none", "initial_obs")
+DEFAULT_GROUP_BY = "none"  # all complete episodes of a rollout in one group
 
 
 def complete_episodes(episode_starts: np.ndarray, last_dones: np.ndarray) -> list[tuple[int, int, int]]:
@@ -52,7 +53,7 @@ def group_ids_for(first_observations: np.ndarray, group_by: str) -> np.ndarray:
 
 
 def rollout_episode_batch(
-    episodes, rewards, observations, actions, values=None, advantages=None, group_by: str = "none"
+    episodes, rewards, observations, actions, values=None, advantages=None, group_by: str = DEFAULT_GROUP_BY
 ) -> EpisodeBatch:
     """Pad the complete episodes of an (n_steps, n_envs, ...) rollout to an EpisodeBatch;
     `values` (n_steps, n_envs), the critic's V(s_t), gives extras["baseline"] = V(s_0) per episode,
@@ -94,7 +95,7 @@ def discounted_returns_to_go(rewards: np.ndarray, mask: np.ndarray, gamma: float
 class CreditCallback(BaseCallback):
     """Replace the rollout buffer's advantages (and returns) of complete episodes with `rule`'s."""
 
-    def __init__(self, rule: CreditRule, group_by: str = "none", verbose: int = 0) -> None:
+    def __init__(self, rule: CreditRule, group_by: str = DEFAULT_GROUP_BY, verbose: int = 0) -> None:
         super().__init__(verbose)
         if group_by not in GROUP_BY:
             raise ValueError(f"group_by={group_by!r}: expected one of {', '.join(GROUP_BY)}")
@@ -137,12 +138,12 @@ class ConvergenceCallback(BaseCallback):
         self,
         outcomes: EpisodeOutcomes,
         max_episodes: int,
-        stop_at_convergence: bool = True,
+        stop_at_convergence: bool,
         report: Callable[[int, dict[str, float]], None] | None = None,
     ) -> None:
         super().__init__()
         self.outcomes, self.max_episodes, self.stop_at_convergence = outcomes, max_episodes, stop_at_convergence
-        self.report = report  # RunContext.report: (episodes, EpisodeOutcomes.progress) after every episode
+        self.report = report  # RunOptions.report: (episodes, EpisodeOutcomes.progress) after every episode
         self._returns: np.ndarray | None = None
 
     def _on_step(self) -> bool:

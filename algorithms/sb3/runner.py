@@ -3,8 +3,8 @@
 `--credit RULE` (a name in vcbm_gym.credit.base.RULES, or none): PPO/A2C get a CreditCallback
 that rewrites the rollout buffer's advantages; DQN gets an EpisodeRedistributionBuffer that writes
 return-equivalent redistributed rewards. Rules are built for the env (`make_rule(name, env=...)`:
-RUDDER reads the env's features). Rules that learn from per-turn info keys (vcbm_gym.contract.
-RULE_INFO_KEYS: vcbm_blend, casi) are refused: this runner does not collect them. The convergence
+RUDDER reads the env's features). A rule whose declared needs (CreditRule.batch_needs, info_needs) the
+SB3 batch does not meet is refused (vcbm_blend, casi: this arm collects no env info keys). The convergence
 criterion (algorithms/common/convergence.py; needs the env contract's evaluation-only
 `first_decision_optimal`) stops the run, or `max_episodes` does; without that key the run trains
 for `max_episodes` and reports its return and success rate (`is_success`). Hyperparameters: the
@@ -13,11 +13,16 @@ class's own signature (SB3 is the only source of their defaults; zoo_configs/<al
 differs); credit-rule arguments go under `credit_kwargs`, keyed by rule name
 (`credit_kwargs: {vcbm_bookmark: {alpha: 0.01}}`), so one config serves every --credit. SB3 writes
 its own TensorBoard logs into the run's log dir.
+
+`ARM` (`SB3Arm`, an algorithms.common.spec.Arm) is what algorithms.train drives: `resolve` builds the
+run's typed config (`SB3Config`) once into the RunSpec (the rule built dry there), `validate` builds
+the model dry, and `run` trains from the typed config.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import functools
 import inspect
@@ -25,6 +30,7 @@ import os
 import re
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +46,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value, log_env_to_run_dir, make_env
 from algorithms.common.convergence import ConvergenceTracker, EpisodeOutcomes, EpisodeRunConfig
 from algorithms.common.errors import ConfigError, VcbmGymError
-from algorithms.common.run_context import RunContext
+from algorithms.common.spec import EPISODES, Arm, RunOptions, RunSpec
 from algorithms.common.validation import (
     AT_LEAST_ONE,
     NON_NEGATIVE,
@@ -51,10 +57,10 @@ from algorithms.common.validation import (
     check_value,
 )
 from algorithms.registry import get_algo, load_object
-from algorithms.sb3.callbacks import GROUP_BY, ConvergenceCallback, CreditCallback
+from algorithms.sb3.callbacks import DEFAULT_GROUP_BY, GROUP_BY, ConvergenceCallback, CreditCallback
 from algorithms.sb3.wrappers import EpisodeRedistributionBuffer
-from vcbm_gym.contract import RULE_INFO_KEYS, env_name
-from vcbm_gym.credit.base import RULES, CreditRule, make_rule
+from vcbm_gym.contract import env_name
+from vcbm_gym.credit.base import NO_CREDIT, RULES, CreditRule, make_rule, misfit_line, unmet_rule_needs
 
 
 @dataclass
@@ -62,12 +68,12 @@ class SB3RunConfig(EpisodeRunConfig):
     RANGES = {"n_envs": AT_LEAST_ONE, "episode_steps": Range(1, optional=True), "torch_threads": AT_LEAST_ONE}
 
     max_episodes: int = 30_000
-    credit: str = "none"  # set by --credit; a rule name in vcbm_gym.credit.base.RULES
+    credit: str = NO_CREDIT  # set by --credit; a rule name in vcbm_gym.credit.base.RULES
     n_envs: int = 1
     policy: str = "MlpPolicy"
     episode_steps: int | None = None  # None: the env's max_episode_steps or params.horizon
     credit_kwargs: dict = field(default_factory=dict)  # rule name -> that rule's constructor kwargs
-    credit_group_by: str = "none"  # on-policy only: "none" or "initial_obs" (see callbacks.py)
+    credit_group_by: str = DEFAULT_GROUP_BY  # on-policy only: "none" or "initial_obs" (see callbacks.py)
     torch_threads: int = 1
     device: str = "cpu"
 
@@ -109,8 +115,12 @@ ARG_RANGES = {
     "exploration_fraction": UNIT, "exploration_initial_eps": UNIT, "exploration_final_eps": UNIT,
     "stats_window_size": AT_LEAST_ONE,
 }  # fmt: skip
-# Rules this runner can feed: every rule that learns from rewards, observations and actions alone.
-CREDIT_CHOICES = ("none", *(name for name in RULES if name not in RULE_INFO_KEYS))
+# What every SB3 algorithm's EpisodeBatch holds beyond rewards and mask (callbacks.rollout_episode_batch,
+# wrappers.EpisodeRedistributionBuffer), in the terms of CreditRule.batch_needs; no env info key is collected.
+SB3_BATCH_PROVIDES = frozenset({"observations", "actions", "group_ids"})
+SB3_INFO_PROVIDES: frozenset[str] = frozenset()
+# What PPO and A2C add (CreditCallback): SB3's GAE advantages and the critic's V(s_0).
+ON_POLICY_EXTRAS = frozenset({"extras['advantages']", "extras['baseline']"})
 
 
 def algo_defaults(algo_cls: type) -> dict[str, Any]:
@@ -143,32 +153,25 @@ def algo_kwargs(algo: str, mapping: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _unusable_rule(name: str) -> str:
-    keys = ", ".join(f"info[{key!r}]" for key in RULE_INFO_KEYS[name])
-    return (
-        f"credit rule {name!r} learns from {keys} per turn, which the SB3 runner does not collect; "
-        f"expected one of: {', '.join(CREDIT_CHOICES)}"
-    )
+@dataclass(frozen=True)
+class SB3Config:
+    """An SB3 run's typed config (RunSpec.config), built once by `SB3Arm.resolve` from the mapping."""
+
+    algo_cls: type
+    run: SB3RunConfig
+    algo_kwargs: Mapping[str, Any]  # every constructor argument of algo_cls: SB3's defaults overlaid, checked
+    episode_steps: int  # the env's episode length (or the run's episode_steps): the step budget per episode
+
+    @property
+    def off_policy(self) -> bool:
+        return issubclass(self.algo_cls, OffPolicyAlgorithm)
+
+    def hyperparams(self) -> dict[str, Any]:
+        """The plain values config.yml records and the config hash identifies."""
+        return {**as_plain_dict(self.run), **copy.deepcopy(dict(self.algo_kwargs))}
 
 
-def credit_name(value: str) -> str:
-    if value in RULE_INFO_KEYS:
-        raise argparse.ArgumentTypeError(_unusable_rule(value))
-    if value not in CREDIT_CHOICES:
-        raise argparse.ArgumentTypeError(f"unknown credit rule {value!r}; expected one of: {', '.join(CREDIT_CHOICES)}")
-    return value
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--credit", type=credit_name, default=None, help=f"credit rule, one of: {', '.join(CREDIT_CHOICES)}")
-
-
-def flag_hyperparams(args: argparse.Namespace) -> dict[str, Any]:
-    """The runner's flags as hyperparameters, so that the resolved config holds them."""
-    return {} if args.credit is None else {"credit": args.credit}
-
-
-def _configs(algo: str, mapping: dict[str, Any]) -> tuple[SB3RunConfig, dict[str, Any]]:
+def _configs(algo: str, mapping: Mapping[str, Any]) -> tuple[SB3RunConfig, dict[str, Any]]:
     run_names = {f.name for f in dataclasses.fields(SB3RunConfig)}
     defaults = algo_defaults(load_object(get_algo(algo).target))
     unknown = [key for key in mapping if key not in run_names and key not in defaults]
@@ -177,10 +180,9 @@ def _configs(algo: str, mapping: dict[str, Any]) -> tuple[SB3RunConfig, dict[str
         raise ConfigError(f"unknown hyperparameter {unknown[0]!r} for algo {algo!r}; expected one of: {known}")
     (run_cfg,) = build_dataclasses({k: v for k, v in mapping.items() if k in run_names}, [SB3RunConfig], owner=f"algo {algo!r}")
     kwargs = algo_kwargs(algo, {k: v for k, v in mapping.items() if k not in run_names})
-    if run_cfg.credit in RULE_INFO_KEYS:
-        raise ConfigError(_unusable_rule(run_cfg.credit))
-    if run_cfg.credit not in CREDIT_CHOICES:
-        raise ConfigError(f"unknown credit rule {run_cfg.credit!r}; expected one of: {', '.join(CREDIT_CHOICES)}")
+    why = ARM.credit_misfit(run_cfg.credit)
+    if why is not None:
+        raise ConfigError(why)
     for name, rule_kwargs in run_cfg.credit_kwargs.items():
         if name not in RULES or not isinstance(rule_kwargs, dict):
             raise ConfigError(
@@ -192,25 +194,40 @@ def _configs(algo: str, mapping: dict[str, Any]) -> tuple[SB3RunConfig, dict[str
     return run_cfg, kwargs
 
 
-def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
-    """Run settings and every SB3 constructor argument, checked; the credit rule and the env are
-    built once here, so that a bad rule argument or env_kwargs fails before the log dir exists."""
+def sb3_config(algo: str, env_id: str, mapping: Mapping[str, Any]) -> SB3Config:
+    """Run settings and every SB3 constructor argument, checked against each other and the env: a bad rule
+    argument (the rule is built once here, dry), env_kwargs, episode length, policy_kwargs or a buffer larger
+    than this machine's memory fails before the log dir exists."""
     run_cfg, kwargs = _configs(algo, mapping)
+    algo_cls = load_object(get_algo(algo).target)
+    off_policy = issubclass(algo_cls, OffPolicyAlgorithm)
     probe = make_env(env_id, run_cfg.env_kwargs)
     try:
-        build_rule(run_cfg.credit, run_cfg.credit_kwargs.get(run_cfg.credit, {}), probe)
-        episode_steps(probe, run_cfg.episode_steps)
+        rule = build_rule(run_cfg.credit, run_cfg.credit_kwargs.get(run_cfg.credit, {}), probe)
+        steps = episode_steps(probe, run_cfg.episode_steps)
+        check_buffer_memory(off_policy, run_cfg, kwargs, probe)
     finally:
         probe.close()
-    return {**as_plain_dict(run_cfg), **kwargs}
+    if rule is not None:
+        provides = SB3_BATCH_PROVIDES | (frozenset() if off_policy else ON_POLICY_EXTRAS)
+        why = misfit_line(
+            run_cfg.credit, unmet_rule_needs(rule, provides, SB3_INFO_PROVIDES), f"SB3 {algo}", provides, SB3_INFO_PROVIDES
+        )
+        if why is not None:  # an option can add needs (vcbm_bookmark's advantage="given": on-policy only)
+            raise ConfigError(why)
+    check_policy_kwargs(algo_cls, run_cfg.policy, kwargs.get("policy_kwargs"))
+    if rule is not None and off_policy and (run_cfg.n_envs != 1 or kwargs["learning_starts"] < steps):
+        raise ConfigError(
+            f"DQN with --credit needs n_envs=1 and learning_starts >= one episode ({steps} steps); "
+            f"got n_envs={run_cfg.n_envs}, learning_starts={kwargs['learning_starts']}"
+        )
+    return SB3Config(algo_cls, run_cfg, kwargs, steps)
 
 
 def build_rule(name: str, kwargs: dict[str, Any], env: gym.Env) -> CreditRule | None:
     """`make_rule` for `env` with the user's errors turned into one clear line."""
-    if name == "none":
+    if name == NO_CREDIT:
         return None
-    if name not in RULES:
-        raise ConfigError(f"unknown credit rule --credit {name!r}; expected one of: {', '.join(CREDIT_CHOICES)}")
     try:
         return make_rule(name, env=env, **kwargs)
     except ModuleNotFoundError as exc:
@@ -312,38 +329,28 @@ def check_policy_kwargs(algo_cls: type, policy: str, policy_kwargs: dict[str, An
 class Built:
     """What a run trains: the model on its vector env, the credit rule and its callbacks."""
 
-    run_cfg: SB3RunConfig
     model: Any
     env: DummyVecEnv
     rule: CreditRule | None
     callbacks: list
-    steps: int
 
 
-def build(ctx: RunContext, tensorboard_log: str | None) -> Built:
+def build(spec: RunSpec, tensorboard_log: str | None) -> Built:
     """The run's model, env and credit rule, with SB3's and torch's refusals turned into one line naming
-    the hyperparameter. `validate` builds this dry (no log dir) before algorithms.train writes anything."""
-    run_cfg, kwargs = _configs(ctx.algo, ctx.hyperparams)
-    credit = run_cfg.credit
-    algo_cls = load_object(get_algo(ctx.algo).target)
-    off_policy = issubclass(algo_cls, OffPolicyAlgorithm)
+    the hyperparameter. `SB3Arm.validate` builds the model dry (tensorboard_log None: no log dir, no credit
+    rule, which resolve built once already) before algorithms.train writes anything."""
+    config: SB3Config = spec.config
+    run_cfg, kwargs = config.run, copy.deepcopy(dict(config.algo_kwargs))  # SB3 keeps (and may change) what it is given
     torch.set_num_threads(run_cfg.torch_threads)
-
-    probe = make_env(ctx.env_id, run_cfg.env_kwargs)
-    try:
-        rule = build_rule(credit, run_cfg.credit_kwargs.get(credit, {}), probe)
-        steps = episode_steps(probe, run_cfg.episode_steps)
-        check_buffer_memory(off_policy, run_cfg, kwargs, probe)
-    finally:
-        probe.close()
-    check_policy_kwargs(algo_cls, run_cfg.policy, kwargs.get("policy_kwargs"))
+    rule = None
+    if tensorboard_log is not None and run_cfg.credit != NO_CREDIT:
+        probe = make_env(spec.env, run_cfg.env_kwargs)
+        try:
+            rule = build_rule(run_cfg.credit, run_cfg.credit_kwargs.get(run_cfg.credit, {}), probe)
+        finally:
+            probe.close()
     callbacks = []
-    if rule is not None and off_policy:
-        if run_cfg.n_envs != 1 or kwargs["learning_starts"] < steps:
-            raise ConfigError(
-                f"DQN with --credit needs n_envs=1 and learning_starts >= one episode ({steps} steps); "
-                f"got n_envs={run_cfg.n_envs}, learning_starts={kwargs['learning_starts']}"
-            )
+    if run_cfg.credit != NO_CREDIT and config.off_policy:
         kwargs.update(replay_buffer_class=EpisodeRedistributionBuffer, replay_buffer_kwargs={"rule": rule})
     elif rule is not None:
         callbacks.append(CreditCallback(rule, run_cfg.credit_group_by))
@@ -351,21 +358,23 @@ def build(ctx: RunContext, tensorboard_log: str | None) -> Built:
     # SB3's make_vec_env asks for render_mode="rgb_array", which text envs reject; the model's seed
     # seeds these envs (BaseAlgorithm.set_random_seed).
     def played_env(index: int) -> Monitor:
-        env = make_env(ctx.env_id, run_cfg.env_kwargs)
+        env = make_env(spec.env, run_cfg.env_kwargs)
         if tensorboard_log is not None:  # the run itself, not validate's dry build
             log_env_to_run_dir(env, tensorboard_log, run_cfg.env_kwargs, None if run_cfg.n_envs == 1 else index)
         return Monitor(env)
 
     env = DummyVecEnv([functools.partial(played_env, index) for index in range(run_cfg.n_envs)])
     try:
-        model = algo_cls(run_cfg.policy, env, seed=ctx.seed, device=run_cfg.device, tensorboard_log=tensorboard_log, **kwargs)
+        model = config.algo_cls(
+            run_cfg.policy, env, seed=spec.seed, device=run_cfg.device, tensorboard_log=tensorboard_log, **kwargs
+        )
     except (TypeError, ValueError, AssertionError, RuntimeError, KeyError, AttributeError, MemoryError) as exc:
         env.close()
-        raise ConfigError(_refusal(ctx.algo, algo_cls, run_cfg, kwargs, exc)) from None
+        raise ConfigError(_refusal(spec.algo, config.algo_cls, run_cfg, kwargs, exc)) from None
     except BaseException:
         env.close()
         raise
-    return Built(run_cfg, model, env, rule, callbacks, steps)
+    return Built(model, env, rule, callbacks)
 
 
 def _refusal(algo: str, algo_cls: type, run_cfg: SB3RunConfig, kwargs: dict[str, Any], exc: BaseException) -> str:
@@ -388,57 +397,75 @@ def _refusal(algo: str, algo_cls: type, run_cfg: SB3RunConfig, kwargs: dict[str,
     return f"algo {algo!r} refused hyperparameters {named} ({reason}); expected values {algo_cls.__name__} accepts"
 
 
-def validate(ctx: RunContext) -> None:
-    """Build the run's model on its env without a log dir, then drop it: a bad constructor argument is one
-    line before algorithms.train writes anything."""
-    built = build(ctx, tensorboard_log=None)
-    built.env.close()
-
-
-def run(ctx: RunContext) -> dict[str, Any]:
-    built = build(ctx, tensorboard_log=ctx.log_dir)
-    run_cfg, model, env, rule, callbacks, steps = built.run_cfg, built.model, built.env, built.rule, built.callbacks, built.steps
-    credit = run_cfg.credit
-    outcomes = EpisodeOutcomes(ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold), repr(ctx.env_id))
-    convergence = ConvergenceCallback(outcomes, run_cfg.max_episodes, run_cfg.stop_at_convergence, report=ctx.report)
+def train(spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
+    """Learn until the criterion (when the run stops at it) or the episode cap; the summary's entries."""
+    config: SB3Config = spec.config
+    run_cfg, credit = config.run, config.run.credit
+    built = build(spec, tensorboard_log=log_dir)
+    outcomes = EpisodeOutcomes(ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold), repr(spec.env))
+    convergence = ConvergenceCallback(outcomes, run_cfg.max_episodes, run_cfg.stop_at_convergence, report=options.report)
     start = time.perf_counter()
     try:
-        model.learn(
-            total_timesteps=run_cfg.max_episodes * steps,
-            callback=CallbackList([*callbacks, convergence]),
-            tb_log_name=f"{ctx.algo}_{credit}",
-            progress_bar=ctx.progress,
+        built.model.learn(
+            total_timesteps=run_cfg.max_episodes * config.episode_steps,
+            callback=CallbackList([*built.callbacks, convergence]),
+            tb_log_name=f"{spec.algo}_{credit}",
+            progress_bar=options.progress,
         )
     finally:
-        env.close()
+        built.env.close()
+    rule = built.rule
     roles = getattr(rule, "roles", None)  # vcbm_bookmark: the causal roles it found (Eq. 9 of arXiv:2610.24032)
-    names = getattr(env.envs[0].unwrapped, "component_names", None) or range(len(roles or []))
+    names = getattr(built.env.envs[0].unwrapped, "component_names", None) or range(len(roles or []))
     return {
         **convergence.summary(),
         "credit": credit,
         **({"credit_roles": {str(n): str(r) for n, r in zip(names, roles)}} if roles else {}),
         **({"credit_summary": rule.summary()} if rule is not None and rule.summary() else {}),
-        "timesteps": int(model.num_timesteps),
+        "timesteps": int(built.model.num_timesteps),
         "train_time_s": time.perf_counter() - start,
     }
 
 
-def _arm():
-    import sys
+class SB3Arm(Arm):
+    """Stable-Baselines3's PPO, A2C and DQN, each with a credit slot (`--credit RULE`)."""
 
-    from algorithms.common.module_arm import EPISODES, ModuleArm
+    name = "sb3"
+    budget_key = "max_episodes"
+    budget_flag = "--max-episodes"
+    budget_unit = "episodes"
+    objective = EPISODES
+    metric_tags = {"correct": "rollout/correct_moving_average", "return": "rollout/ep_rew_mean"}
+    reports_convergence = True
+    batch_provides = SB3_BATCH_PROVIDES
+    info_provides = SB3_INFO_PROVIDES
 
-    return ModuleArm(
-        sys.modules[__name__],
-        name="sb3",
-        budget_key="max_episodes",
-        budget_flag="--max-episodes",
-        budget_unit="episodes",
-        objective=EPISODES,
-        metric_tags={"correct": "rollout/correct_moving_average", "return": "rollout/ep_rew_mean"},
-        reports_convergence=True,
-        batch_provides=frozenset({"observations", "actions", "group_ids"}),
-    )
+    def credit_name(self, value: str) -> str:
+        """--credit's type: a rule whose declared needs this arm meets."""
+        why = self.credit_misfit(value)
+        if why is not None:
+            raise argparse.ArgumentTypeError(why)
+        return value
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--credit", type=self.credit_name, default=None, help=f"credit rule, one of: {', '.join(self.credit_rules())}"
+        )
+
+    def flag_hyperparams(self, args: argparse.Namespace) -> dict[str, Any]:
+        return {} if args.credit is None else {"credit": args.credit}
+
+    def resolve(self, algo: str, env: str, seed: int, mapping: Mapping[str, Any]) -> RunSpec:
+        config = sb3_config(algo, env, mapping)
+        return RunSpec(algo, env, seed, config.hyperparams(), config)
+
+    def validate(self, spec: RunSpec) -> None:
+        """Build the run's model on its env without a log dir, then drop it: a constructor argument SB3 or
+        torch refuses is one line before algorithms.train writes anything."""
+        build(spec, tensorboard_log=None).env.close()
+
+    def run(self, spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
+        return train(spec, log_dir, options)
 
 
-ARM = _arm()
+ARM = SB3Arm()

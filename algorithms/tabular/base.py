@@ -11,6 +11,13 @@ from typing import Any, ClassVar
 import numpy as np
 from gymnasium import spaces
 
+# The tabular baselines' shared settings (td, mc and RUDDER's direct-Q policy), written once: they explore
+# and learn alike, so that a comparison of them measures their credit assignment.
+EPSILON = 0.05  # constant epsilon-greedy exploration
+STEP_SIZE = 0.1  # the Q update's step size (mc and td `alpha`, rudder `q_learning_rate`)
+OPTIMISTIC_Q = 10.0  # the first-decision agents' initial Q (mc, rudder): above any return, so both actions are tried
+LATER_ACTION = 1  # the first-decision agents' action after the first step
+
 
 class TabularAgent(abc.ABC):
     """An agent that sees only observations, actions and rewards (never the env's `info`).

@@ -22,7 +22,6 @@ and LSTM training events, vcbm_bookmark's warm-up) decides how much history it p
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,14 +30,24 @@ import gymnasium as gym
 import numpy as np
 
 from algorithms.common.errors import ConfigError, VcbmGymError
-from vcbm_gym.credit.base import RULES, CreditRule, EpisodeBatch, make_rule, unmet_needs
+from vcbm_gym.credit.base import (
+    NO_CREDIT,
+    RULES,
+    CreditRule,
+    EpisodeBatch,
+    make_rule,
+    misfit,
+    misfit_line,
+    rule_class,
+    unmet_rule_needs,
+)
 from vcbm_gym.credit.redistribute import redistribute
 
 # What the tabular arm's EpisodeBatch holds beyond rewards and mask (EpisodeCredit.batch), in the terms
 # of CreditRule.batch_needs. Every step is its own turn (the batch's default step_turn). No groups: one
-# episode per batch.
+# episode per batch. The agents never see the env's info, so no info key reaches a rule.
 TABULAR_BATCH_PROVIDES = frozenset({"observations", "actions", "step_turn", "extras['next_observations']"})
-NO_CREDIT = "none"
+TABULAR_INFO_PROVIDES: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -57,20 +66,7 @@ def has_credit_slot(agent_cls: type) -> bool:
 
 def rule_refusal(name: str) -> str | None:
     """Why rule `name` cannot run in the tabular arm (one line), or None; from the class's declared needs."""
-    if name == NO_CREDIT:
-        return None
-    if name not in RULES:
-        return f"unknown credit rule {name!r}; expected {NO_CREDIT} or one of: {', '.join(RULES)}"
-    module, _, cls = RULES[name].partition(":")
-    missing = unmet_needs(getattr(importlib.import_module(module), cls).batch_needs, set(TABULAR_BATCH_PROVIDES))
-    return _needs_line(name, missing) if missing else None
-
-
-def _needs_line(name: str, missing: list[str]) -> str:
-    return (
-        f"credit rule {name!r} needs {', '.join(missing)} in its EpisodeBatch, which the tabular arm does not provide "
-        f"(it has: rewards, mask, {', '.join(sorted(TABULAR_BATCH_PROVIDES))})"
-    )
+    return None if name == NO_CREDIT else misfit(name, "tabular", TABULAR_BATCH_PROVIDES, TABULAR_INFO_PROVIDES)
 
 
 def credit_name(value: str) -> str:
@@ -121,9 +117,7 @@ def build_rule(config: CreditSlotConfig, view: gym.Env, seed: int) -> CreditRule
     if config.credit == NO_CREDIT:
         return None
     kwargs = dict(config.credit_kwargs.get(config.credit, {}))
-    module, _, cls = RULES[config.credit].partition(":")
-    rule_cls = getattr(importlib.import_module(module), cls)
-    if "seed" in inspect.signature(rule_cls).parameters:
+    if "seed" in inspect.signature(rule_class(config.credit)).parameters:
         kwargs.setdefault("seed", seed)
     try:
         rule = make_rule(config.credit, env=view, **kwargs)
@@ -133,11 +127,11 @@ def build_rule(config: CreditSlotConfig, view: gym.Env, seed: int) -> CreditRule
         ) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"credit rule {config.credit!r} (credit_kwargs {kwargs!r}) on the tabular spaces: {exc}") from None
-    missing = unmet_needs(
-        rule.needs(), set(TABULAR_BATCH_PROVIDES)
-    )  # an option can add needs (vcbm_bookmark's advantage="given")
-    if missing:
-        raise ConfigError(_needs_line(config.credit, missing))
+    # an option can add needs (vcbm_bookmark's advantage="given"): the built rule is checked as well
+    missing = unmet_rule_needs(rule, TABULAR_BATCH_PROVIDES, TABULAR_INFO_PROVIDES)
+    why = misfit_line(config.credit, missing, "tabular", TABULAR_BATCH_PROVIDES, TABULAR_INFO_PROVIDES)
+    if why is not None:
+        raise ConfigError(why)
     return rule
 
 

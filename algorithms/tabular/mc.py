@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from algorithms.common.validation import NON_NEGATIVE, UNIT, Range, Validated
-from algorithms.tabular.base import FirstDecisionAgent
+from algorithms.tabular.base import EPSILON, LATER_ACTION, OPTIMISTIC_Q, STEP_SIZE, FirstDecisionAgent
 from algorithms.tabular.credit import EpisodeCredit
 from vcbm_gym.credit.base import CreditRule
 
@@ -38,10 +38,10 @@ from vcbm_gym.credit.base import CreditRule
 class MonteCarloConfig(Validated):
     RANGES = {"epsilon": UNIT, "alpha": Range(0, 1, lo_open=True, optional=True), "later_action": NON_NEGATIVE}
 
-    epsilon: float = 0.05
-    q_init: float = 10.0
-    alpha: float | None = 0.1  # None: sample average 1 / n
-    later_action: int = 1
+    epsilon: float = EPSILON
+    q_init: float = OPTIMISTIC_Q
+    alpha: float | None = STEP_SIZE  # None: sample average 1 / n
+    later_action: int = LATER_ACTION
 
 
 class MonteCarloAgent(FirstDecisionAgent):

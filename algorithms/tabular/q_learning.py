@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from algorithms.common.validation import UNIT, UNIT_POSITIVE, Validated
-from algorithms.tabular.base import TabularAgent, epsilon_greedy
+from algorithms.tabular.base import EPSILON, STEP_SIZE, TabularAgent, epsilon_greedy
 from algorithms.tabular.credit import EpisodeCredit
 from vcbm_gym.credit.base import CreditRule
 
@@ -38,8 +38,8 @@ from vcbm_gym.credit.base import CreditRule
 class QLearningConfig(Validated):
     RANGES = {"epsilon": UNIT, "alpha": UNIT_POSITIVE, "gamma": UNIT}
 
-    epsilon: float = 0.05
-    alpha: float = 0.1
+    epsilon: float = EPSILON
+    alpha: float = STEP_SIZE
     gamma: float = 1.0
     q_init: float = 0.0
 

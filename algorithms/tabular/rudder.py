@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from algorithms.common.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT, UNIT_POSITIVE, Validated
-from algorithms.tabular.base import FirstDecisionAgent
+from algorithms.tabular.base import EPSILON, LATER_ACTION, OPTIMISTIC_Q, STEP_SIZE, FirstDecisionAgent
 from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.features import Featurizer, SpaceFeaturizer
 from vcbm_gym.credit.rudder import RudderCreditConfig, RudderLSTMConfig, RudderRule
@@ -45,10 +45,10 @@ class RudderConfig(Validated, RudderLSTMConfig):
         "running_loss_init": NON_NEGATIVE, "running_loss_decay": UNIT, "max_steps_per_event": AT_LEAST_ONE,
     }  # fmt: skip
 
-    epsilon: float = 0.05
-    q_init: float = 10.0
-    q_learning_rate: float = 0.1
-    later_action: int = 1
+    epsilon: float = EPSILON
+    q_init: float = OPTIMISTIC_Q
+    q_learning_rate: float = STEP_SIZE
+    later_action: int = LATER_ACTION
 
 
 def credit_config(config: RudderConfig) -> RudderCreditConfig:

@@ -16,6 +16,9 @@ exactly two) is refused in `resolve` with one line, before the log dir exists.
 rule on the agent's spaces and hands it to the agent, which learns from the rule's return-equivalent
 rewards; its arguments go under `credit_kwargs`, keyed by rule name. A rule the tabular episode cannot
 feed, or `--credit` with an agent that has its own credit (vcbm, rudder), is refused in `resolve`.
+
+`ARM` (`TabularArm`, an algorithms.common.spec.Arm) is what algorithms.train drives: `resolve` builds the
+run's typed config (`TabularConfig`) once into the RunSpec, and `run` trains from it.
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from tqdm.auto import tqdm
 from algorithms.common.config import as_plain_dict, build_dataclasses, log_env_to_run_dir, make_env
 from algorithms.common.convergence import ConvergenceTracker, EpisodeOutcomes, EpisodeRunConfig
 from algorithms.common.errors import VcbmGymError
-from algorithms.common.run_context import RunContext
 from algorithms.common.scalar_writer import ScalarWriter
+from algorithms.common.spec import EPISODES, Arm, RunOptions, RunSpec
 from algorithms.common.validation import AT_LEAST_ONE
 from algorithms.registry import get_algo, load_object
 from algorithms.tabular import credit as credit_slot
@@ -52,33 +55,34 @@ class TabularRunConfig(EpisodeRunConfig):
     log_interval: int = 1
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--credit RULE`, for the agents with a credit slot."""
-    credit_slot.add_arguments(parser)
+@dataclass(frozen=True)
+class TabularConfig:
+    """A tabular run's typed configs (RunSpec.config), built once by `TabularArm.resolve` from the mapping."""
+
+    agent_cls: type[TabularAgent]
+    run: TabularRunConfig
+    agent: Any  # an instance of agent_cls.config_class
+    credit: credit_slot.CreditSlotConfig | None  # None: the agent has no credit slot (vcbm, rudder)
+
+    def hyperparams(self) -> dict[str, Any]:
+        """The plain values config.yml records and the config hash identifies."""
+        return as_plain_dict(self.run, self.agent, *([] if self.credit is None else [self.credit]))
 
 
-def flag_hyperparams(args: argparse.Namespace) -> dict[str, Any]:
-    """The runner's flags as hyperparameters, so that the resolved config holds them."""
-    return credit_slot.flag_hyperparams(args)
-
-
-def _classes(algo: str) -> tuple[type[TabularAgent], list[type]]:
-    """The agent class and the config dataclasses its hyperparameters fill (the run's, the agent's, the credit slot's)."""
+def tabular_config(algo: str, mapping: Mapping[str, Any]) -> TabularConfig:
+    """The run's, the agent's and the credit slot's dataclasses filled from `mapping` (one line at a bad key or value)."""
     agent_cls = load_object(get_algo(algo).target)
-    slot = [credit_slot.CreditSlotConfig] if credit_slot.has_credit_slot(agent_cls) else []
-    return agent_cls, [TabularRunConfig, agent_cls.config_class, *slot]
-
-
-def _configs(algo: str, mapping: Mapping[str, Any]) -> tuple[type[TabularAgent], list[Any]]:
-    agent_cls, classes = _classes(algo)
-    if credit_slot.CreditSlotConfig not in classes:
+    has_slot = credit_slot.has_credit_slot(agent_cls)
+    if not has_slot:
         given = [key for key in ("credit", "credit_kwargs") if key in mapping]
         if given:
             raise VcbmGymError(
                 f"algo {algo!r} has no credit slot (its credit assignment is its own), got {given[0]}; "
                 "expected --credit with td or mc"
             )
-    return agent_cls, build_dataclasses(mapping, classes, owner=f"algo {algo!r}")
+    classes = [TabularRunConfig, agent_cls.config_class, *([credit_slot.CreditSlotConfig] if has_slot else [])]
+    run_cfg, agent_cfg, *slot = build_dataclasses(mapping, classes, owner=f"algo {algo!r}")
+    return TabularConfig(agent_cls, run_cfg, agent_cfg, slot[0] if slot else None)
 
 
 def tabular_spaces(algo: str, env_id: str, env: Any, agent_cls: type[TabularAgent], agent_cfg: Any):
@@ -112,65 +116,72 @@ def tabular_env_kwargs(env_id: str, env_kwargs: Mapping[str, Any]) -> dict[str, 
     return kwargs
 
 
-def resolve(algo: str, env_id: str, mapping: dict[str, Any]) -> dict[str, Any]:
-    agent_cls, configs = _configs(algo, mapping)
-    run_cfg, agent_cfg = configs[:2]
-    # bad env_kwargs, spaces the agent cannot take and a rule that cannot run fail here, before the log dir exists
-    env = make_env(env_id, tabular_env_kwargs(env_id, run_cfg.env_kwargs), disable_env_checker=True)
-    try:
-        observations, agent_actions = tabular_spaces(algo, env_id, env, agent_cls, agent_cfg)
-        if len(configs) > 2:
-            view = credit_slot.AgentSpacesView(env, observations.space, agent_actions)
-            credit_slot.build_rule(configs[2], view, seed=0)
-    finally:
-        env.close()
-    return as_plain_dict(*configs)
+@dataclass
+class TabularRun:
+    """What one run trains: the env (its observations flattened, its actions from 0) and the agent."""
+
+    env: gym.Env
+    flatten: Any  # env observation -> the agent's int vector
+    action_start: int  # added back to the agent's action for the env (a Discrete space's `start`)
+    agent: TabularAgent
 
 
-def run(ctx: RunContext) -> dict[str, Any]:
-    agent_cls, configs = _configs(ctx.algo, ctx.hyperparams)
-    run_cfg, agent_cfg = configs[:2]
+def build_run(spec: RunSpec, log_dir: str) -> TabularRun:
+    """The env and the agent (with its featurizer or credit rule) of `spec`; the env is closed if building fails."""
+    config = spec.config
     # The passive env checker only inspects the first reset and step; the env tests run the full checkers.
-    env = make_env(ctx.env_id, tabular_env_kwargs(ctx.env_id, run_cfg.env_kwargs), disable_env_checker=True)
-    log_env_to_run_dir(env, ctx.log_dir, run_cfg.env_kwargs)
-    observations, agent_actions = tabular_spaces(ctx.algo, ctx.env_id, env, agent_cls, agent_cfg)
-    flatten, action_start = observations.flatten, int(env.action_space.start)
-    names = tuple(getattr(env.unwrapped, "component_names", ()) or ())
-    names = names if len(names) == observations.n_components else observations.names
-    extra = {}
-    if "featurizer" in inspect.signature(agent_cls).parameters:
-        own = getattr(env.unwrapped, "credit_featurizer", None)
-        extra["featurizer"] = own() if callable(own) else SpaceFeaturizer(observations.space, agent_actions)
-    if len(configs) > 2:
-        view = credit_slot.AgentSpacesView(env, observations.space, agent_actions)
-        extra["credit"] = credit_slot.build_rule(configs[2], view, seed=ctx.seed)
-    agent = agent_cls(observations.space, agent_actions, agent_cfg, ctx.seed, component_names=names, **extra)
-    outcomes = EpisodeOutcomes(ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold), repr(ctx.env_id))
-    writer = ScalarWriter(ctx.log_dir)
+    env = make_env(spec.env, tabular_env_kwargs(spec.env, config.run.env_kwargs), disable_env_checker=True)
+    try:
+        log_env_to_run_dir(env, log_dir, config.run.env_kwargs)
+        observations, agent_actions = tabular_spaces(spec.algo, spec.env, env, config.agent_cls, config.agent)
+        names = tuple(getattr(env.unwrapped, "component_names", ()) or ())
+        names = names if len(names) == observations.n_components else observations.names
+        extra = {}
+        if "featurizer" in inspect.signature(config.agent_cls).parameters:
+            own = getattr(env.unwrapped, "credit_featurizer", None)
+            extra["featurizer"] = own() if callable(own) else SpaceFeaturizer(observations.space, agent_actions)
+        if config.credit is not None:
+            view = credit_slot.AgentSpacesView(env, observations.space, agent_actions)
+            extra["credit"] = credit_slot.build_rule(config.credit, view, seed=spec.seed)
+        agent = config.agent_cls(observations.space, agent_actions, config.agent, spec.seed, component_names=names, **extra)
+    except BaseException:
+        env.close()
+        raise
+    return TabularRun(env, observations.flatten, int(env.action_space.start), agent)
+
+
+def play_episode(run: TabularRun, obs: Any) -> tuple[float, dict[str, Any]]:
+    """One episode from the flattened first observation `obs`: the agent acts and learns; (return, last info)."""
+    act, step, observe, flatten, start = run.agent.act, run.env.step, run.agent.observe, run.flatten, run.action_start
+    episode_return, done, info = 0.0, False, {}
+    while not done:  # looked up once above: this loop runs ~60k times a run
+        action = act(obs)
+        next_obs, reward, terminated, truncated, info = step(action + start if start else action)
+        next_obs = flatten(next_obs)
+        done = terminated or truncated
+        reward = float(reward)
+        observe(obs, action, reward, next_obs, done)
+        episode_return += reward
+        obs = next_obs
+    return episode_return, info
+
+
+def train(spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
+    """Train episode by episode until the criterion (when the run stops at it) or the episode cap; the summary's entries."""
+    run_cfg = spec.config.run
+    run = build_run(spec, log_dir)
+    outcomes = EpisodeOutcomes(ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold), repr(spec.env))
+    writer = ScalarWriter(log_dir)
     start = time.perf_counter()
-    bar = tqdm(total=run_cfg.max_episodes, desc=f"{ctx.algo} seed {ctx.seed}", unit="ep", disable=not ctx.progress)
-    obs, info = env.reset(seed=ctx.seed)
-    obs = flatten(obs)
-    act, step, observe = agent.act, env.step, agent.observe  # looked up once: the inner loop runs ~60k times a run
+    bar = tqdm(total=run_cfg.max_episodes, desc=f"{spec.algo} seed {spec.seed}", unit="ep", disable=not options.progress)
     try:
         for episode in range(1, run_cfg.max_episodes + 1):
-            if episode > 1:
-                obs, info = env.reset()
-                obs = flatten(obs)
-            episode_return, done = 0.0, False
-            while not done:
-                action = act(obs)
-                next_obs, reward, terminated, truncated, info = step(action + action_start if action_start else action)
-                next_obs = flatten(next_obs)
-                done = terminated or truncated
-                reward = float(reward)
-                observe(obs, action, reward, next_obs, done)
-                episode_return += reward
-                obs = next_obs
-            scalars = agent.end_episode()
+            obs, _ = run.env.reset(seed=spec.seed) if episode == 1 else run.env.reset()
+            episode_return, info = play_episode(run, run.flatten(obs))
+            scalars = run.agent.end_episode()
             just_converged = outcomes.update(info, episode_return)
-            if ctx.report is not None:
-                ctx.report(episode, outcomes.progress(episode_return))
+            if options.report is not None:
+                options.report(episode, outcomes.progress(episode_return))
             if episode % run_cfg.log_interval == 0 or just_converged:
                 moving = {f"train/{k}": v for k, v in outcomes.scalars().items() if k != "mean_return"}
                 writer.add_scalars(episode, {**moving, "train/episode_return": episode_return, **scalars})
@@ -182,26 +193,46 @@ def run(ctx: RunContext) -> dict[str, Any]:
     finally:
         bar.close()
         writer.close()
-        env.close()
-    return {**outcomes.summary(), "train_time_s": time.perf_counter() - start, **agent.summary()}
+        run.env.close()
+    return {**outcomes.summary(), "train_time_s": time.perf_counter() - start, **run.agent.summary()}
 
 
-def _arm():
-    import sys
+class TabularArm(Arm):
+    """The tabular agents (vcbm, vcbm+, rudder, mc, td); td and mc have a credit slot (`--credit RULE`)."""
 
-    from algorithms.common.module_arm import EPISODES, ModuleArm
+    name = "tabular"
+    budget_key = "max_episodes"
+    budget_flag = "--max-episodes"
+    budget_unit = "episodes"
+    objective = EPISODES
+    metric_tags = {"correct": "train/correct_moving_average", "return": "train/episode_return"}
+    reports_convergence = True
+    batch_provides = credit_slot.TABULAR_BATCH_PROVIDES
+    info_provides = credit_slot.TABULAR_INFO_PROVIDES
 
-    return ModuleArm(
-        sys.modules[__name__],
-        name="tabular",
-        budget_key="max_episodes",
-        budget_flag="--max-episodes",
-        budget_unit="episodes",
-        objective=EPISODES,
-        metric_tags={"correct": "train/correct_moving_average", "return": "train/episode_return"},
-        reports_convergence=True,
-        batch_provides=credit_slot.TABULAR_BATCH_PROVIDES,
-    )
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """`--credit RULE`, for the agents with a credit slot."""
+        credit_slot.add_arguments(parser)
+
+    def flag_hyperparams(self, args: argparse.Namespace) -> dict[str, Any]:
+        return credit_slot.flag_hyperparams(args)
+
+    def resolve(self, algo: str, env: str, seed: int, mapping: Mapping[str, Any]) -> RunSpec:
+        """The configs, checked; bad env_kwargs, spaces the agent cannot take and a rule that cannot run (its
+        arguments, its needs) fail here, before the log dir exists: the env and the rule are built once, dry."""
+        config = tabular_config(algo, mapping)
+        probe = make_env(env, tabular_env_kwargs(env, config.run.env_kwargs), disable_env_checker=True)
+        try:
+            observations, agent_actions = tabular_spaces(algo, env, probe, config.agent_cls, config.agent)
+            if config.credit is not None:
+                view = credit_slot.AgentSpacesView(probe, observations.space, agent_actions)
+                credit_slot.build_rule(config.credit, view, seed=seed)
+        finally:
+            probe.close()
+        return RunSpec(algo, env, seed, config.hyperparams(), config)
+
+    def run(self, spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
+        return train(spec, log_dir, options)
 
 
-ARM = _arm()
+ARM = TabularArm()

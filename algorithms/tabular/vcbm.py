@@ -44,7 +44,10 @@ from algorithms.tabular.base import TabularAgent
 from vcbm_gym.credit.causal_roles import (
     CAUSAL_TESTS,
     DEFAULT_CAUSAL_TEST,
+    ETA_CLOCK,
     FREQUENCY_AND_VALUE,
+    WARMUP_TRANSITIONS,
+    Z_THRESH,
     ChangeStatistics,
     Role,
     bookmark_contexts,
@@ -52,6 +55,10 @@ from vcbm_gym.credit.causal_roles import (
     key_components,
 )
 from vcbm_gym.credit.welford import RegressionWelford, Welford, two_sample_z, z_statistic
+
+# Shared by vcbm's and vcbm+'s bookmark policies, which read them alike.
+N_MIN = 8  # visits of each action before a bookmark decision may be greedy
+EPSILON_MIN = 0.005  # the residual exploration of a decided bookmark
 
 
 @dataclass
@@ -65,10 +72,10 @@ class VCBMRolesConfig(Validated):
         "z_thresh": NON_NEGATIVE,
     }  # 0 is allowed: every component that ever changes counts as controlled
 
-    warmup_transitions: int = 2000
+    warmup_transitions: int = WARMUP_TRANSITIONS
     refresh_every: int = 500
-    eta_clock: float = 0.9
-    z_thresh: float = 4.0
+    eta_clock: float = ETA_CLOCK
+    z_thresh: float = Z_THRESH
     causal_test: str = DEFAULT_CAUSAL_TEST  # "frequency": the paper's Eq. 10 alone
 
     def __post_init__(self) -> None:
@@ -91,11 +98,11 @@ class VCBMConfig(VCBMRolesConfig):
     }
 
     forced_visits: int = 60
-    n_min: int = 8
+    n_min: int = N_MIN
     z_action: float = 2.0
     epsilon_start: float = 0.20
     epsilon_decay: float = 0.995
-    epsilon_min: float = 0.005
+    epsilon_min: float = EPSILON_MIN
 
 
 def exploration_epsilon(episode: int, cfg: VCBMConfig) -> float:
@@ -342,9 +349,9 @@ class VCBMPlusConfig(VCBMRolesConfig):
 
     RANGES = {"n_min": Range(2), "z_decide": POSITIVE, "epsilon_min": UNIT}  # two visits give a standard error
 
-    n_min: int = 8
+    n_min: int = N_MIN
     z_decide: float = 3.0
-    epsilon_min: float = 0.005
+    epsilon_min: float = EPSILON_MIN
 
 
 def bookmark_action_plus(

@@ -37,10 +37,10 @@ from typing import Any, Sequence
 import gymnasium as gym
 import numpy as np
 
-from algorithms.common.config import build_dataclasses, zoo_hyperparams
+from algorithms.common.config import zoo_hyperparams
 from algorithms.common.convergence import ConvergenceTracker
 from algorithms.registry import get_algo, load_object
-from algorithms.tabular.runner import TabularRunConfig
+from algorithms.tabular.runner import TabularRunConfig, tabular_config
 from algorithms.tabular.vcbm import VCBMAgent
 from envs.watch_repair import COMPONENT_NAMES, GROUND_TRUTH_ROLES, WatchRepairDynamics, WatchRepairParams
 from vcbm_gym.credit.causal_roles import FREQUENCY, Role, classify_roles
@@ -156,7 +156,8 @@ def run_batch(
     if not issubclass(agent_cls, VCBMAgent):
         raise ValueError(f"algo {algo!r}: the batched runner runs VCBM agents (vcbm, vcbm+)")
     mapping = {**zoo_hyperparams(algo, "WatchRepair-v0"), **(hyperparams or {})}
-    run_cfg, agent_cfg = build_dataclasses(mapping, [TabularRunConfig, agent_cls.config_class], owner=f"algo {algo!r}")
+    config = tabular_config(algo, mapping)  # the typed configs, as TabularArm.resolve builds them
+    run_cfg, agent_cfg = config.run, config.agent
     dynamics = WatchRepairDynamics(WatchRepairParams(**run_cfg.env_kwargs))
     _check(agent_cfg, run_cfg, dynamics.params.horizon)
     summaries: list[dict[str, Any]] = []
@@ -165,10 +166,60 @@ def run_batch(
     return summaries
 
 
+def _play_episode(
+    live: list[int],
+    agents: dict[int, VCBMAgent],
+    env_rngs: list,
+    dynamics: WatchRepairDynamics,
+    groups: list[ContextGroup],
+    row_of: np.ndarray,
+):
+    """One episode of every live seed: (brand, first action, states, rewards, actions), rows in `live` order;
+    a row that meets one of its seed's bookmark contexts after t = 0 is stepped through `act`."""
+    horizon = dynamics.params.horizon
+    # reset: one uniform per seed -> brand; then each agent's t = 0 decision
+    brand = dynamics.brands(np.array([env_rngs[i].random() for i in live]))
+    first_obs = np.zeros((len(live), 5), dtype=np.int64)
+    first_obs[:, 3] = brand
+    first_action = np.array([agents[i].act(o) for i, o in zip(live, first_obs)])
+    # each seed's own draws, then the law for all seeds at once
+    draws = dynamics.draw([env_rngs[i] for i in live], brand, first_action)
+    states, rewards = dynamics.rollout(brand, first_action, draws)
+    # later actions: uniform, drawn at once, unless a later state is a bookmark
+    actions = np.empty((len(live), horizon), dtype=np.int64)
+    actions[:, 0] = first_action
+    late = late_bookmarks(groups, row_of, states[:, 1:horizon])
+    for row, i in enumerate(live):
+        if late[row]:
+            actions[row, 1:] = [agents[i].act(s) for s in states[row, 1:horizon]]
+        else:
+            actions[row, 1:] = agents[i].random_actions(horizon - 1)
+    return brand, first_action, states, rewards, actions
+
+
+def _refresh_roles(live: list[int], agents: dict[int, VCBMAgent], counts: BatchChangeCounts, agent_cfg: Any) -> None:
+    """Eq. 9-10 on each live seed's counts so far (what the single agent's observe does at a refresh)."""
+    counts.flush(np.asarray(live))
+    for i in live:
+        roles = classify_roles(counts.change_counts[i], counts.action_counts[i], agent_cfg.eta_clock, agent_cfg.z_thresh)
+        controlled = [c for c, role in enumerate(roles) if role is Role.CONTROLLED]
+        agents[i].set_roles(roles, counts.pre_change_states(i, controlled))
+
+
+def _seed_summary(seed: int, tracker: ConvergenceTracker, agent: VCBMAgent) -> dict[str, Any]:
+    return {
+        "seed": int(seed),
+        "converged": tracker.converged_at is not None,
+        "episodes_to_converge": tracker.converged_at,
+        "episodes_run": tracker.episodes,
+        "final_correct_rate": tracker.rate,
+        **agent.summary(),
+    }
+
+
 def _run_chunk(seeds, agent_cls, agent_cfg, run_cfg: TabularRunConfig, dynamics: WatchRepairDynamics) -> list[dict]:
     start_time = time.perf_counter()
-    horizon = dynamics.params.horizon
-    optimal = dynamics.params.optimal_first_action()
+    horizon, optimal = dynamics.params.horizon, dynamics.params.optimal_first_action()
     obs_space, act_space = dynamics.observation_space(), gym.spaces.Discrete(2)
     nvec = np.asarray(obs_space.nvec)
     env_rngs = [gym.utils.seeding.np_random(int(k))[0] for k in seeds]
@@ -182,53 +233,23 @@ def _run_chunk(seeds, agent_cls, agent_cfg, run_cfg: TabularRunConfig, dynamics:
     transitions, next_refresh = 0, agent_cfg.warmup_transitions
     for episode in range(1, run_cfg.max_episodes + 1):
         live = active.tolist()
-        # reset: one uniform per seed -> brand; then each agent's t = 0 decision
-        brand = dynamics.brands(np.array([env_rngs[i].random() for i in live]))
-        first_obs = np.zeros((len(live), 5), dtype=np.int64)
-        first_obs[:, 3] = brand
-        first_action = np.array([agents[i].act(o) for i, o in zip(live, first_obs)])
-        # each seed's own draws, then the law for all seeds at once
-        draws = dynamics.draw([env_rngs[i] for i in live], brand, first_action)
-        states, rewards = dynamics.rollout(brand, first_action, draws)
-        # later actions: uniform, drawn at once, unless a later state is a bookmark
-        actions = np.empty((len(live), horizon), dtype=np.int64)
-        actions[:, 0] = first_action
-        late = late_bookmarks(groups, row_of, states[:, 1:horizon])
-        for row, i in enumerate(live):
-            if late[row]:
-                actions[row, 1:] = [agents[i].act(s) for s in states[row, 1:horizon]]
-            else:
-                actions[row, 1:] = agents[i].random_actions(horizon - 1)
+        brand, first_action, states, rewards, actions = _play_episode(live, agents, env_rngs, dynamics, groups, row_of)
         counts.add(active, states, actions)
         transitions += horizon
-        if transitions >= next_refresh:  # Eq. 9-10 on the counts so far (the single agent's observe)
+        if transitions >= next_refresh:
             next_refresh += agent_cfg.refresh_every
-            counts.flush(active)
-            for i in live:
-                roles = classify_roles(counts.change_counts[i], counts.action_counts[i], agent_cfg.eta_clock, agent_cfg.z_thresh)
-                controlled = [c for c, role in enumerate(roles) if role is Role.CONTROLLED]
-                agents[i].set_roles(roles, counts.pre_change_states(i, controlled))
+            _refresh_roles(live, agents, counts, agent_cfg)
             groups = context_groups(agents, nvec)
         # end of episode: Welford update, convergence
         returns = np.cumsum(rewards, axis=1)[:, -1]  # sequential, as the runner adds the rewards
         correct = (first_action == optimal[brand]).tolist()
         finished = []
         for row, i in enumerate(live):
-            agent = agents[i]
-            agent.learn(float(returns[row]), states[row, 0], states[row, -1])
-            agent.episode += 1
-            tracker = trackers[i]
-            if (tracker.update(correct[row]) and run_cfg.stop_at_convergence) or episode == run_cfg.max_episodes:
+            agents[i].learn(float(returns[row]), states[row, 0], states[row, -1])
+            agents[i].episode += 1
+            if (trackers[i].update(correct[row]) and run_cfg.stop_at_convergence) or episode == run_cfg.max_episodes:
                 finished.append(row)
-                results[i] = {
-                    "seed": int(seeds[i]),
-                    "converged": tracker.converged_at is not None,
-                    "episodes_to_converge": tracker.converged_at,
-                    "episodes_run": tracker.episodes,
-                    "final_correct_rate": tracker.rate,
-                    **agent.summary(),
-                }
-                del agents[i]
+                results[i] = _seed_summary(seeds[i], trackers[i], agents.pop(i))
                 counts.pre_change_codes[i] = []  # free the seed's memory
         if finished:
             active = np.delete(active, finished)

@@ -119,6 +119,8 @@ class CreditRule(abc.ABC):
             raise ValueError(f"rule {self.name!r} keeps no state, got keys {sorted(state)}")
 
 
+NO_CREDIT = "none"  # the credit-rule setting of a run that uses its algorithm's own credit assignment
+
 # name -> "module:Class"; imported on first use so that torch-based rules cost nothing otherwise.
 RULES: dict[str, str] = {
     "broadcast": "vcbm_gym.credit.broadcast:BroadcastRule",
@@ -150,6 +152,31 @@ def unmet_rule_needs(
     needs = rule.needs() if isinstance(rule, CreditRule) else rule.batch_needs
     missing = unmet_needs(needs, set(batch_provides))
     return missing + [f"info[{key!r}]" for key in rule.info_needs if key not in info_provides]
+
+
+def misfit(name: str, arm: str, batch_provides: Collection[str], info_provides: Collection[str]) -> str | None:
+    """One line saying what rule `name` (its class's declarations) needs that `arm` does not provide, or None
+    when it fits; an unknown name is a line too (listing the rules that fit). Every arm refuses a rule with
+    this line, from the rule's own `batch_needs` and `info_needs`: the one declaration of what a rule needs."""
+    if name not in RULES:
+        fitting = [rule for rule in RULES if not unmet_rule_needs(rule_class(rule), batch_provides, info_provides)]
+        return f"unknown credit rule {name!r}; expected one of: {', '.join([NO_CREDIT, *fitting])}"
+    return misfit_line(
+        name, unmet_rule_needs(rule_class(name), batch_provides, info_provides), arm, batch_provides, info_provides
+    )
+
+
+def misfit_line(
+    name: str, missing: Sequence[str], arm: str, batch_provides: Collection[str], info_provides: Collection[str]
+) -> str | None:
+    """The refusal line for `missing` (from `unmet_rule_needs`), or None when nothing is missing."""
+    if not missing:
+        return None
+    return (
+        f"credit rule {name!r} needs {', '.join(missing)}, which the {arm} arm does not provide "
+        f"(its EpisodeBatch has: rewards, mask, {', '.join(sorted(batch_provides))}; "
+        f"the env info keys it collects: {', '.join(sorted(info_provides)) or 'none'})"
+    )
 
 
 def unmet_needs(needs: Sequence[str], provided: set[str]) -> list[str]:

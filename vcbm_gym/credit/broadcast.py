@@ -26,6 +26,7 @@ import numpy as np
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 BASELINES = ("running_mean", "batch_mean", "group_mean", "given", "none")
+DEFAULT_BASELINE = "running_mean"  # Eq. 11's running mean of the returns (vcbm_bookmark's default too)
 
 
 def group_means(returns: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
@@ -39,7 +40,7 @@ def group_means(returns: np.ndarray, group_ids: np.ndarray) -> np.ndarray:
 class BroadcastRule(CreditRule):
     name = "broadcast"
 
-    def __init__(self, baseline: str = "running_mean") -> None:
+    def __init__(self, baseline: str = DEFAULT_BASELINE) -> None:
         if baseline not in BASELINES:
             raise ValueError(f"baseline={baseline!r}: expected one of {', '.join(BASELINES)}")
         self.baseline = baseline

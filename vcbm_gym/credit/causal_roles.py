@@ -28,6 +28,11 @@ CAUSAL_TESTS = (FREQUENCY, FREQUENCY_AND_VALUE)
 # The one place the agents' default test is set (VCBMRolesConfig.causal_test reads it); the zoo's
 # WatchRepair-v0 entries pin the paper's "frequency" so that Table II is the paper's setting.
 DEFAULT_CAUSAL_TEST = FREQUENCY_AND_VALUE
+# The paper's settings of the role test (arXiv:2610.24032, Sec. V-A1), written once: `classify_roles`, tabular
+# VCBM's config (algorithms/tabular/vcbm.py VCBMRolesConfig) and the vcbm_bookmark rule default to them.
+ETA_CLOCK = 0.9  # a component that changes on more than this share of transitions under every action is a clock
+Z_THRESH = 4.0  # Eq. 10's z above which a component's change rate depends on the action (controlled)
+WARMUP_TRANSITIONS = 2000  # transitions counted before the first role test
 
 
 class Role(IntEnum):
@@ -95,8 +100,8 @@ def value_arrival_z(
 def classify_roles(
     change_counts: np.ndarray,
     action_counts: np.ndarray,
-    eta_clock: float = 0.9,
-    z_thresh: float = 4.0,
+    eta_clock: float = ETA_CLOCK,
+    z_thresh: float = Z_THRESH,
     value_controlled: np.ndarray | None = None,
 ) -> list[Role]:
     """Eq. 9, checked in this order: CLOCK if min_a rho_ia > eta_clock; STATIC if it never

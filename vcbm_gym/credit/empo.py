@@ -94,6 +94,16 @@ def cell_coverage(cell_ids: np.ndarray, valid: np.ndarray) -> float:
     return float(covered.sum() / valid.sum()) if valid.any() else 0.0
 
 
+def _check_ratio_shapes(logp_new, logp_old, mask, turn_ids, cell_ids) -> None:
+    if not (logp_new.shape == logp_old.shape == mask.shape == turn_ids.shape) or logp_new.dim() != 2:
+        raise ValueError(
+            f"logp_new {tuple(logp_new.shape)}, logp_old {tuple(logp_old.shape)}, mask "
+            f"{tuple(mask.shape)}, turn_ids {tuple(turn_ids.shape)}: expected equal (B, T) shapes"
+        )
+    if cell_ids.dim() != 2 or cell_ids.shape[0] != logp_new.shape[0]:
+        raise ValueError(f"cell_ids {tuple(cell_ids.shape)}: expected (B={logp_new.shape[0]}, n_turns)")
+
+
 def shared_ratios(
     logp_new: torch.Tensor,
     logp_old: torch.Tensor,
@@ -110,13 +120,7 @@ def shared_ratios(
     docstring), the others exp(logp_new - logp_old). Only members with at least one trained
     token enter R_K. Gradients flow to logp_new only (logp_old is detached).
     """
-    if not (logp_new.shape == logp_old.shape == mask.shape == turn_ids.shape) or logp_new.dim() != 2:
-        raise ValueError(
-            f"logp_new {tuple(logp_new.shape)}, logp_old {tuple(logp_old.shape)}, mask "
-            f"{tuple(mask.shape)}, turn_ids {tuple(turn_ids.shape)}: expected equal (B, T) shapes"
-        )
-    if cell_ids.dim() != 2 or cell_ids.shape[0] != logp_new.shape[0]:
-        raise ValueError(f"cell_ids {tuple(cell_ids.shape)}: expected (B={logp_new.shape[0]}, n_turns)")
+    _check_ratio_shapes(logp_new, logp_old, mask, turn_ids, cell_ids)
     import torch
 
     delta = logp_new - logp_old.detach()

@@ -29,7 +29,7 @@ from collections.abc import Hashable
 import numpy as np
 
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
-from vcbm_gym.credit.grpo import group_relative_advantages
+from vcbm_gym.credit.grpo import NORMALISE_STD, STD_EPS, group_relative_advantages
 
 
 def discounted_returns(rewards: np.ndarray, gamma: float) -> np.ndarray:
@@ -46,8 +46,8 @@ def step_group_advantages(
     keys: list[list[Hashable]],
     turn_returns: list[np.ndarray],
     group_ids: np.ndarray,
-    normalise_std: bool = True,
-    eps: float = 1e-4,
+    normalise_std: bool = NORMALISE_STD,
+    eps: float = STD_EPS,
 ) -> list[np.ndarray]:
     """A^S per turn: returns normalised within groups of (task group, anchor key)."""
     members: dict[tuple, list[tuple[int, int]]] = {}
@@ -72,7 +72,9 @@ class GiGPORule(CreditRule):
     name = "gigpo"
     batch_needs = ("group_ids", "extras['anchor_keys'] | observations")
 
-    def __init__(self, step_weight: float = 1.0, gamma: float = 0.95, normalise_std: bool = True, eps: float = 1e-4) -> None:
+    def __init__(
+        self, step_weight: float = 1.0, gamma: float = 0.95, normalise_std: bool = NORMALISE_STD, eps: float = STD_EPS
+    ) -> None:
         if not 0 <= gamma <= 1 or eps < 0:
             raise ValueError(f"gamma={gamma}, eps={eps}: expected 0 <= gamma <= 1 and eps >= 0")
         self.step_weight, self.gamma = float(step_weight), float(gamma)

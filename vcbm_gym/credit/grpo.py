@@ -15,9 +15,13 @@ import numpy as np
 
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
+# Written once for GRPO's and GiGPO's group normalisation (functions and rules alike).
+NORMALISE_STD = True  # divide by the group's std (DeepSeekMath Eq. 3); False: centre only
+STD_EPS = 1e-4  # added to the std, so that a group of equal returns gets 0, not 0/0
+
 
 def group_relative_advantages(
-    returns: np.ndarray, group_ids: np.ndarray, normalise_std: bool = True, eps: float = 1e-4
+    returns: np.ndarray, group_ids: np.ndarray, normalise_std: bool = NORMALISE_STD, eps: float = STD_EPS
 ) -> np.ndarray:
     returns = np.asarray(returns, dtype=np.float64)
     advantages = np.zeros_like(returns)
@@ -34,7 +38,7 @@ class GroupMeanRule(CreditRule):
     name = "grpo"
     batch_needs = ("group_ids",)
 
-    def __init__(self, normalise_std: bool = True, eps: float = 1e-4) -> None:
+    def __init__(self, normalise_std: bool = NORMALISE_STD, eps: float = STD_EPS) -> None:
         if eps < 0:
             raise ValueError(f"eps={eps}: expected a non-negative number")
         self.normalise_std, self.eps = bool(normalise_std), float(eps)

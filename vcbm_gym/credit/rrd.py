@@ -57,7 +57,7 @@ from torch import nn
 
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 from vcbm_gym.credit.features import Featurizer
-from vcbm_gym.credit.rudder import AdamState, LessonBuffer, adam_step
+from vcbm_gym.credit.model_training import AdamState, LessonBuffer, adam_step
 
 
 @dataclass
@@ -93,7 +93,7 @@ class RRDConfig:
 class RewardModel(nn.Module):
     """r_theta: per-step features (..., F) -> per-step rewards (...), an MLP with ReLU hidden layers."""
 
-    def __init__(self, n_features: int, hidden_sizes: tuple[int, ...] = (64,), seed: int = 0) -> None:
+    def __init__(self, n_features: int, hidden_sizes: tuple[int, ...] = RRDConfig.hidden_sizes, seed: int = 0) -> None:
         super().__init__()
         widths = [int(n_features), *hidden_sizes]
         layers: list[nn.Module] = []
@@ -109,7 +109,11 @@ class RewardModel(nn.Module):
 
 
 def rrd_loss(
-    step_rewards: np.ndarray, sample_mask: np.ndarray, lengths: np.ndarray, returns: np.ndarray, bias_correction: bool = False
+    step_rewards: np.ndarray,
+    sample_mask: np.ndarray,
+    lengths: np.ndarray,
+    returns: np.ndarray,
+    bias_correction: bool = RRDConfig.bias_correction,
 ) -> tuple[float, float, float, np.ndarray]:
     """L_Rand-RD on one sampled subset per episode, its bias correction, and the gradient:
     (loss, surrogate, correction, d loss / d step_rewards).

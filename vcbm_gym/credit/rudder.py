@@ -17,8 +17,9 @@ Read top to bottom:
    c_t = c_{t-1} + i_t * z_t; h_t = c_t; prediction G_hat_t = Linear(16, 1)(h_t) (Eq. 3).
 3. `rudder_loss` (Eq. 4): squared error against G0 = G / R_scale at the last step plus
    lambda_aux = 0.5 times the mean squared error over all prefixes.
-4. `LessonBuffer`: FIFO of 2,048 featurised episodes, uniform batches of 8 from its own seeded rng;
-   its rows grow to the longest episode seen (shorter ones are padded and masked by length).
+4. `LessonBuffer` (model_training.py, shared with RRD): FIFO of 2,048 featurised episodes, uniform
+   batches of 8 from its own seeded rng; its rows grow to the longest episode seen (shorter ones are
+   padded and masked by length).
 5. `train_until_converged`: one training event = Adam steps on fresh batches until an exponential
    running average of the main loss (reset to 0.3 at each event, decay 0.99) falls below 0.15, or
    a step cap; the step count is returned for logging. The step itself (`loss_and_gradients`,
@@ -57,6 +58,7 @@ from torch import nn
 
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 from vcbm_gym.credit.features import Featurizer
+from vcbm_gym.credit.model_training import AdamState, LessonBuffer, adam_step  # noqa: F401 (also imported from here)
 
 
 @dataclass
@@ -170,7 +172,12 @@ class GatelessLSTM(nn.Module):
     """
 
     def __init__(
-        self, n_features: int, hidden_size: int = 16, init_std: float = 0.1, input_gate_bias: float = -3.0, seed: int = 0
+        self,
+        n_features: int,
+        hidden_size: int = RudderLSTMConfig.hidden_size,
+        init_std: float = RudderLSTMConfig.init_std,
+        input_gate_bias: float = RudderLSTMConfig.input_gate_bias_init,
+        seed: int = 0,
     ):
         super().__init__()
         self.cell_input = nn.Linear(n_features, hidden_size)  # W, b
@@ -221,71 +228,6 @@ def rudder_loss(
     return main + aux_weight * aux, main, aux
 
 
-class LessonBuffer:
-    """FIFO ring buffer of featurised episodes with their returns; uniform sampling from a seeded rng.
-
-    Rows start `max_length` steps long and grow (zero-padded) when a longer episode arrives; a
-    sampled batch is cut to its longest episode. Padding never reaches the loss (lengths mask it).
-    """
-
-    def __init__(self, capacity: int, max_length: int, n_features: int, seed: int = 0) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity={capacity}: expected >= 1")
-        self.capacity = capacity
-        self.features = np.zeros((capacity, max_length, n_features), dtype=np.float32)
-        self.lengths = np.zeros(capacity, dtype=np.int64)
-        self.returns = np.zeros(capacity, dtype=np.float64)
-        self.size = 0
-        self.next_slot = 0  # the oldest entry once full
-        self.rng = np.random.default_rng(np.random.SeedSequence([seed, 0x1E5]))
-
-    def __len__(self) -> int:
-        return self.size
-
-    def add(self, features: np.ndarray, episode_return: float) -> None:
-        length = len(features)
-        if features.ndim != 2 or length < 1 or features.shape[1] != self.features.shape[2]:
-            raise ValueError(f"episode features {features.shape}: expected (steps >= 1, {self.features.shape[2]})")
-        if length > self.features.shape[1]:
-            self.features = np.pad(self.features, ((0, 0), (0, length - self.features.shape[1]), (0, 0)))
-        slot = self.next_slot
-        self.features[slot] = 0.0
-        self.features[slot, :length] = features
-        self.lengths[slot] = length
-        self.returns[slot] = episode_return
-        self.next_slot = (slot + 1) % self.capacity
-        self.size = min(self.size + 1, self.capacity)
-
-    def distinct_returns(self) -> int:
-        return len(np.unique(self.returns[: self.size]))
-
-    def sample(self, batch_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Uniform with replacement over the stored episodes: (features, lengths, returns)."""
-        if self.size == 0:
-            raise ValueError("cannot sample from an empty lesson buffer")
-        idx = self.rng.integers(self.size, size=batch_size)
-        lengths = self.lengths[idx]
-        return self.features[idx, : lengths.max()], lengths, self.returns[idx]
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "features": self.features.copy(),
-            "lengths": self.lengths.copy(),
-            "returns": self.returns.copy(),
-            "size": self.size,
-            "next_slot": self.next_slot,
-            "rng": self.rng.bit_generator.state,
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.features = np.array(state["features"], dtype=np.float32)
-        self.lengths = np.array(state["lengths"], dtype=np.int64)
-        self.returns = np.array(state["returns"], dtype=np.float64)
-        self.capacity = len(self.returns)
-        self.size, self.next_slot = int(state["size"]), int(state["next_slot"])
-        self.rng.bit_generator.state = state["rng"]
-
-
 PARAMETER_NAMES = ("cell_input.weight", "cell_input.bias", "recurrent_gate.weight", "gate_bias", "readout.weight", "readout.bias")
 
 
@@ -325,41 +267,6 @@ def loss_and_gradients(
 
 
 @dataclass
-class AdamState:
-    """torch.optim.Adam's state (L2 weight decay added to the gradient, bias-corrected moments)."""
-
-    step: int
-    exp_avg: list[np.ndarray]
-    exp_avg_sq: list[np.ndarray]
-
-    @classmethod
-    def zeros_like(cls, params: list[np.ndarray]) -> AdamState:
-        return cls(0, [np.zeros_like(p) for p in params], [np.zeros_like(p) for p in params])
-
-
-def adam_step(
-    params: list[np.ndarray],
-    grads: list[np.ndarray],
-    state: AdamState,
-    lr: float,
-    weight_decay: float,
-    betas: tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-) -> None:
-    """One torch.optim.Adam step, in place on the parameter arrays (tested against torch)."""
-    beta1, beta2 = betas
-    state.step += 1
-    correction1, correction2 = 1.0 - beta1**state.step, 1.0 - beta2**state.step
-    for param, grad, m, v in zip(params, grads, state.exp_avg, state.exp_avg_sq):
-        grad = grad + weight_decay * param
-        m *= beta1
-        m += (1.0 - beta1) * grad
-        v *= beta2
-        v += (1.0 - beta2) * grad * grad
-        param -= (lr / correction1) * m / (np.sqrt(v) / np.sqrt(correction2) + eps)
-
-
-@dataclass
 class TrainingEvent:
     steps: int
     main_loss: float  # the last batch's main loss
@@ -385,7 +292,10 @@ def train_until_converged(model: GatelessLSTM, adam: AdamState, buffer: LessonBu
 
 @torch.no_grad()
 def redistribute(
-    model: GatelessLSTM, features: np.ndarray | torch.Tensor, reward_scale: float = 10.0, lengths: np.ndarray | None = None
+    model: GatelessLSTM,
+    features: np.ndarray | torch.Tensor,
+    reward_scale: float = RudderLSTMConfig.reward_scale,
+    lengths: np.ndarray | None = None,
 ) -> np.ndarray:
     """Eq. 5: r_t = R_scale (G_hat_t - G_hat_{t-1}), G_hat_{-1} = 0, for (B, T, F) or (T, F) features.
 

@@ -188,7 +188,10 @@ def set_credit(rule: str, values: CoalitionValues, m: int | None = None) -> np.n
     return funcs[rule](values, m)
 
 
-def zero_sum_shaping(credit: np.ndarray, bound: float, mode: str = "project") -> np.ndarray:
+SHAPING_MODE = "project"  # zero_sum_shaping's and CASI's default: the Euclidean projection
+
+
+def zero_sum_shaping(credit: np.ndarray, bound: float, mode: str = SHAPING_MODE) -> np.ndarray:
     """Bounded zero-sum offsets z from per-action credit (CASI's bounded zero-sum shaping).
 
     Centre within the set (z = phi - mean phi), then bound |z_i| <= bound while keeping sum z = 0:
@@ -270,7 +273,7 @@ class CASIShapingRule(CreditRule):
         bound: float = 1.0,
         base: str = "loo",
         credit: str = "shapley",
-        shaping_mode: str = "project",
+        shaping_mode: str = SHAPING_MODE,
         evaluator: Callable[[EpisodeBatch, int], CoalitionValues] | None = None,
     ) -> None:
         if credit not in COALITION_RULES:

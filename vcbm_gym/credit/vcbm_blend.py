@@ -26,9 +26,15 @@ import numpy as np
 
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 from vcbm_gym.credit.loo import loo_advantages
+from vcbm_gym.credit.vcbm_bookmark import FLOOR_WEIGHT
 
 _TOKEN = re.compile(r"[a-z0-9]+")
 FEW_BOOKMARK_MODES = ("floor", "retrieve")
+# Eq. 13's settings, written once for `retrieval_weights` and VCBMBlendRule (the floor weight alpha: FLOOR_WEIGHT)
+TOP_K = 6
+TAU = 0.5
+FEW_BOOKMARKS = "floor"  # the paper's rule: <= top_k bookmarks leave every step at the floor
+EMBEDDING_DIM = 256  # width of the hashed embedding of a bookmark's text
 
 
 @lru_cache(maxsize=65536)
@@ -36,7 +42,7 @@ def _bucket(token: str, dim: int) -> int:
     return int(hashlib.md5(token.encode("utf-8")).hexdigest()[:8], 16) % dim
 
 
-def hash_embed(text: str, d: int = 256) -> np.ndarray:
+def hash_embed(text: str, d: int = EMBEDDING_DIM) -> np.ndarray:
     """Eq. 12: g(x)_j = #{tokens of x with h(token) = j} / ||counts||_2, h = int(md5(token)[:8], 16) mod d.
 
     Tokens are the lowercase alphanumeric regex matches of the text. Text without tokens embeds
@@ -61,7 +67,7 @@ class EpisodicMemory:
     the oldest entries first. The arrays read back in insertion order.
     """
 
-    def __init__(self, dim: int = 256, capacity: int | None = None) -> None:
+    def __init__(self, dim: int = EMBEDDING_DIM, capacity: int | None = None) -> None:
         if capacity is not None and capacity < 1:
             raise ValueError(f"capacity={capacity}: expected None or an integer >= 1")
         self.dim, self.capacity = int(dim), capacity
@@ -141,10 +147,10 @@ def retrieval_weights(
     bookmark_turns: Sequence[int],
     bookmark_embeddings: np.ndarray,
     query_embedding: np.ndarray,
-    top_k: int = 6,
-    tau: float = 0.5,
-    alpha: float = 0.05,
-    few_bookmarks: str = "floor",
+    top_k: int = TOP_K,
+    tau: float = TAU,
+    alpha: float = FLOOR_WEIGHT,
+    few_bookmarks: str = FEW_BOOKMARKS,
 ) -> np.ndarray:
     """Eq. 13 for one rollout: (T,) per-step weights w~_t, summing to the number of masked steps.
 
@@ -201,12 +207,12 @@ class VCBMBlendRule(CreditRule):
     def __init__(
         self,
         beta: float = 1.0,
-        tau: float = 0.5,
-        top_k: int = 6,
-        alpha: float = 0.05,
-        dim: int = 256,
+        tau: float = TAU,
+        top_k: int = TOP_K,
+        alpha: float = FLOOR_WEIGHT,
+        dim: int = EMBEDDING_DIM,
         memory_capacity: int | None = None,
-        few_bookmarks: str = "floor",
+        few_bookmarks: str = FEW_BOOKMARKS,
     ) -> None:
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"beta={beta}: expected a value in [0, 1]")

@@ -28,8 +28,19 @@ import numpy as np
 from gymnasium import spaces
 
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
-from vcbm_gym.credit.broadcast import BroadcastRule
-from vcbm_gym.credit.causal_roles import FREQUENCY, ChangeStatistics, Role, bookmark_contexts, context_components
+from vcbm_gym.credit.broadcast import DEFAULT_BASELINE, BroadcastRule
+from vcbm_gym.credit.causal_roles import (
+    ETA_CLOCK,
+    FREQUENCY,
+    WARMUP_TRANSITIONS,
+    Z_THRESH,
+    ChangeStatistics,
+    Role,
+    bookmark_contexts,
+    context_components,
+)
+
+FLOOR_WEIGHT = 0.05  # alpha: the weight of a step that is no bookmark, before renormalising (vcbm_blend's too)
 
 
 def record_transitions(stats: ChangeStatistics, states: np.ndarray, actions: np.ndarray, next_states: np.ndarray) -> None:
@@ -50,12 +61,12 @@ class VCBMBookmarkRule(CreditRule):
 
     def __init__(
         self,
-        alpha: float = 0.05,
-        baseline: str = "running_mean",
+        alpha: float = FLOOR_WEIGHT,
+        baseline: str = DEFAULT_BASELINE,
         advantage: str = "return",
-        warmup_transitions: int = 2000,
-        eta_clock: float = 0.9,
-        z_thresh: float = 4.0,
+        warmup_transitions: int = WARMUP_TRANSITIONS,
+        eta_clock: float = ETA_CLOCK,
+        z_thresh: float = Z_THRESH,
     ) -> None:
         if not 0 < alpha <= 1:
             raise ValueError(f"alpha={alpha}: expected a floor weight in (0, 1]")
