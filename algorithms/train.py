@@ -275,7 +275,7 @@ def execute(spec: RunSpec, log_dir: str | Path, options: RunOptions | None = Non
     record = {**spec.identity(), "config_hash": spec.config_hash, **provenance.environment_record(), **options.record}
     # the run's objects (SB3 model, LLM config and model path), built dry before the log dir exists:
     # input they refuse leaves nothing on disk, and the corrected command is not refused as a rerun
-    arm.validate(spec, str(log_dir), options)
+    arm.validate(spec)
 
     def prepare() -> dict[str, Any] | None:
         finished = prepare_log_dir(log_dir, spec, options, arm.resumes_itself)

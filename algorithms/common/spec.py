@@ -140,9 +140,8 @@ class Arm(ABC):
     def resolve(self, algo: str, env: str, seed: int, mapping: Mapping[str, Any]) -> RunSpec:
         """Check `mapping` (an unknown key, a wrong type, a bad env_kwargs or rule: one line) and build the spec."""
 
-    def validate(self, spec: RunSpec, log_dir: str, options: RunOptions) -> None:
-        """Build the run's objects dry, before the log dir is touched (default: resolve already checked all);
-        `log_dir` and `options` for what depends on them (a checkpoint to --resume from)."""
+    def validate(self, spec: RunSpec) -> None:
+        """Build the run's objects dry, before the log dir exists (default: resolve already checked all)."""
 
     @abstractmethod
     def run(self, spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
