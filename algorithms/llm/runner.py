@@ -7,8 +7,8 @@ tool-call turns that say nothing about which decision is right; algorithms.llm.w
 stand-in for an instruct model; `--model tiny-random` is the same model untrained. Any other value
 is a Hugging Face name or local path loaded with transformers. `finetune: auto` trains every
 parameter of the tiny models (LoRA cannot lift their frozen, nearly flat output layer enough to
-express a policy) and LoRA (r 8, alpha 16, dropout 0 on q, k, v, o, gate, up, down by default)
-through peft otherwise. `trl-grpo` is TRL's own GRPOTrainer objective and sequence-level group
+express a policy) and LoRA through peft otherwise (LoopRunConfig's lora_* settings, on the attention and
+MLP projections by default). `trl-grpo` is TRL's own GRPOTrainer objective and sequence-level group
 advantage over the same multi-turn episodes: the external baseline. Checkpoints (weights,
 optimizer, scheduler, RNG, episodic memory, counters) go to <log-dir>/checkpoints every
 `--checkpoint-every` iterations; `--resume` continues from the latest one. The per-iteration
@@ -16,17 +16,18 @@ metrics (docs/papers/vcbm.md, "LOOP and VCBM-blended LOOP") are written to Tenso
 
 Before any model is built, one step of the env checks that it reports what the run learns from
 (the env contract, vcbm_gym/contract.py): the info keys the credit rule declares (`CreditRule.info_needs`:
-`state_mutating` for `--credit vcbm_blend`, vcbm-loop) but those the rollout stands in for
+`state_mutating` for `--credit vcbm_blend`, vcbm-loop), except those the rollout has a stand-in for
 (`execution_output`: the observation text), and `effect` for `--ratio-sharing effect`; a missing key is one
 line naming it and who needs it.
 
 The run is resolved once (algorithms/llm/resolve.py: its configs and credit rule, in `RunSpec.config`),
 checked dry (`LLMArm.validate`, `LLMArm.check_resume`), then trained (`LLMArm.run`, building the model and
-trainer through algorithms/llm/build.py).
+trainer through algorithms/llm/build.py). The trainer settings the run decides itself (output dir, seed,
+progress bar, device, and the step budget derived from `iterations`) are refused as hyperparameters.
 
 Credit: `--credit RULE` (a name in vcbm_gym.credit.base.RULES), as for the SB3 runner; the rule's
 arguments go under `credit_kwargs`, keyed by rule name (`credit_kwargs: {vcbm_blend: {beta: 0.5}}`).
-`loop` and `vcbm-loop` are zoo entries that name `loo` and `vcbm_blend`; any rule whose inputs the
+`loop` and `vcbm-loop` differ only in their own rule (`loo`, `vcbm_blend`: config.DEFAULT_CREDIT); any rule whose inputs the
 LLM arm's EpisodeBatch holds works with either (grpo, gigpo, broadcast); one that needs more (casi:
 coalition values; rudder, vcbm_bookmark: observations) is refused when the config is resolved.
 
