@@ -56,7 +56,9 @@ def test_resolve_builds_each_config_and_the_rule_once_and_a_run_starts_from_that
     assert config.trainer.max_steps == 1 * config.trainer.num_iterations and spec.hyperparams["iterations"] == 1
     summary = execute(spec, tmp_path / "run", RunOptions(progress=False))
     assert built == {"loop_config": 1, "rule": 1}  # validate and run build neither again
-    assert summary["memory_size"] > 0 and len(config.rule.memory) == 0  # the run trained a copy of the spec's rule
+    assert summary["memory_size"] == len(config.rule.memory) > 0  # the run trained the rule resolve built
+    again = config.take_rule()  # a second run of the spec (or of a sibling seed) starts from an untrained rule
+    assert built["rule"] == 2 and again is not config.rule and len(again.memory) == 0 and again.memory.capacity == 100_000
     assert config.trainer.output_dir != str(tmp_path / "run" / "checkpoints")  # the spec's config stays as resolved
     trl = resolve_spec("trl-grpo", "TextWatchRepair-v0", 0, {"model": "tiny-random"}).config
     assert type(trl.trainer) is MultiTurnGRPOConfig and trl.rule is None

@@ -80,10 +80,8 @@ def lora_config(run_cfg: LoopRunConfig):
 
 
 def build_trainer(spec: RunSpec, cfg: Any, writer: Any):
-    """The run's trainer (LoopTrainer, or MultiTurnGRPOTrainer for trl-grpo) on its model, task seeds and rule.
-
-    A LoopTrainer gets a copy of the rule the spec holds, so that each run of the spec starts from the
-    rule as built (a stateful rule's memory is the run's own)."""
+    """The run's trainer (LoopTrainer, or MultiTurnGRPOTrainer for trl-grpo) on its model, task seeds and the
+    untrained rule the spec's config hands it (`LLMConfig.take_rule`)."""
     import torch
     from datasets import Dataset
 
@@ -107,7 +105,7 @@ def build_trainer(spec: RunSpec, cfg: Any, writer: Any):
     )
     if spec.algo == "trl-grpo":
         return MultiTurnGRPOTrainer(**common)
-    return LoopTrainer(**common, credit_rule=copy.deepcopy(config.rule))
+    return LoopTrainer(**common, credit_rule=config.take_rule())
 
 
 def announce(trainer: Any, cfg: Any) -> None:

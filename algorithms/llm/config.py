@@ -160,12 +160,22 @@ class LLMConfig:
     """`RunSpec.config` of an LLM run, built once when the run is resolved (algorithms/llm/resolve.py).
 
     `trainer` is complete but for what the run itself decides (its output dir, seed and progress bar:
-    `algorithms.llm.build.trainer_config_for_run`); `rule` is the run's credit rule as built, untrained
-    (None for trl-grpo), which each run of the spec starts from."""
+    `algorithms.llm.build.trainer_config_for_run`); `rule` is the credit rule resolve built and checked
+    (None for trl-grpo), which the spec's run trains (`take_rule`)."""
 
     run: LoopRunConfig
     trainer: Any  # LoopConfig (loop, vcbm-loop) or MultiTurnGRPOConfig (trl-grpo)
     rule: CreditRule | None
+    _taken: list = field(default_factory=list, compare=False, repr=False)
+
+    def take_rule(self) -> CreditRule | None:
+        """The untrained rule a run trains: the one resolve built, the first time; after that (one spec, or
+        seeds of one template, run again in this process) a new one built the same way, since the first is
+        trained by then. Not a copy: a bounded memory's preallocated arrays would cost their full size."""
+        if self.rule is None or not self._taken:
+            self._taken.append(True)
+            return self.rule
+        return check_credit(self.trainer.credit, self.trainer.credit_kwargs)
 
 
 @dataclass
