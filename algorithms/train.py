@@ -276,6 +276,8 @@ def execute(spec: RunSpec, log_dir: str | Path, options: RunOptions | None = Non
     # the run's objects (SB3 model, LLM config and model path), built dry before the log dir exists:
     # input they refuse leaves nothing on disk, and the corrected command is not refused as a rerun
     arm.validate(spec)
+    if options.resume:
+        arm.check_resume(spec, str(log_dir))
 
     def prepare() -> dict[str, Any] | None:
         finished = prepare_log_dir(log_dir, spec, options, arm.resumes_itself)

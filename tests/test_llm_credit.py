@@ -7,16 +7,11 @@ import pytest
 
 pytest.importorskip("trl")
 
+from algorithms.llm.batch import anchor_keys, concat_episode_batches, episode_batch  # noqa: E402
+from algorithms.llm.checkpoints import join_state, split_state  # noqa: E402
 from algorithms.llm.config import rule_kwargs  # noqa: E402
 from algorithms.llm.rollout import Episode  # noqa: E402
-from algorithms.llm.trainer import (  # noqa: E402
-    LoopTrainer,
-    anchor_keys,
-    concat_episode_batches,
-    episode_batch,
-    join_state,
-    split_state,
-)
+from algorithms.llm.trainer import LoopTrainer  # noqa: E402
 from algorithms.train import run  # noqa: E402
 from vcbm_gym.credit.base import EpisodeBatch, make_rule  # noqa: E402
 from vcbm_gym.credit.loo import loo_advantages  # noqa: E402

@@ -7,7 +7,8 @@ import torch
 pytest.importorskip("trl")
 
 from algorithms.common.errors import ConfigError  # noqa: E402
-from algorithms.llm.trainer import decision_advantage_mass, kl_old_new, task_goal_completion  # noqa: E402
+from algorithms.llm.loss import kl_old_new  # noqa: E402
+from algorithms.llm.metrics import decision_advantage_mass, task_goal_completion  # noqa: E402
 from algorithms.train import run  # noqa: E402
 
 SMALL = ["generation_batch_size=4", "num_generations=2", "per_device_train_batch_size=4", "max_new_tokens_per_turn=4"]
@@ -175,7 +176,7 @@ def test_refused_llm_commands_leave_nothing_and_the_corrected_command_then_runs(
 
 
 def test_the_per_process_batch_is_derived_from_the_rollouts_and_the_world_size():
-    from algorithms.llm.runner import share_batch
+    from algorithms.llm.resolve import share_batch
 
     zoo = {"generation_batch_size": 16, "num_generations": 4}
     for world_size, per_device in ((1, 16), (2, 8), (4, 4), (16, 1)):

@@ -139,7 +139,7 @@ def _expected():
 def test_vllm_turn_gives_every_episode_its_own_completion_with_unequal_counts_per_rank(monkeypatch):
     import accelerate.utils
 
-    from algorithms.llm.trainer import gather_counts, vllm_turn
+    from algorithms.llm.vllm import gather_counts, vllm_turn
 
     ranks = TwoRanks()
     monkeypatch.setattr(accelerate.utils, "gather_object", ranks.gather_object)  # what gather_counts calls
@@ -149,7 +149,7 @@ def test_vllm_turn_gives_every_episode_its_own_completion_with_unequal_counts_pe
 
 def test_trl_vllm_generation_alone_misplaces_completions_with_unequal_counts(monkeypatch):
     """The behaviour vllm_turn corrects (TRL 1.16 slices rank r's completions at r * len(prompts))."""
-    from algorithms.llm.trainer import vllm_answers
+    from algorithms.llm.vllm import vllm_answers
 
     def unpadded(gen, contexts, ranks):
         _, completion_ids, logprobs, _ = gen.generate(prompts=contexts, images=None, num_generations=1)
@@ -225,7 +225,7 @@ def test_max_episode_tokens_refuses_a_first_prompt_that_fills_it_and_bad_values(
 
 
 def test_memory_estimate_states_its_formula():
-    from algorithms.llm.trainer import logprob_memory_line
+    from algorithms.llm.metrics import logprob_memory_line
 
     line = logprob_memory_line(8192, 152_064, 8, 48, use_vllm=False)
     assert "sequence bound x vocab x batch x 4 B = 8,192 x 152,064 x 8 x 4 B = 37.1 GiB" in line

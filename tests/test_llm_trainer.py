@@ -12,10 +12,10 @@ import gymnasium as gym  # noqa: E402
 
 import vcbm_gym  # noqa: E402, F401
 from algorithms.common.errors import ConfigError, VcbmGymError  # noqa: E402
+from algorithms.llm.batch import episode_batch  # noqa: E402
 from algorithms.llm.prompting import BLANKED, initial_messages, prompt_chars, truncate_messages  # noqa: E402
 from algorithms.llm.rollout import Episode, hf_generate, play_episodes  # noqa: E402
 from algorithms.llm.tiny import build_tiny  # noqa: E402
-from algorithms.llm.trainer import episode_batch  # noqa: E402
 from algorithms.train import run  # noqa: E402
 from vcbm_gym.credit.loo import LeaveOneOutRule  # noqa: E402
 from vcbm_gym.credit.vcbm_blend import VCBMBlendRule  # noqa: E402

@@ -59,9 +59,23 @@ def read_yaml(path: str | Path) -> Any:
 
 
 def zoo_hyperparams(algo: str, env_id: str, config_dir: Path = ZOO_CONFIG_DIR) -> dict[str, Any]:
-    """The entry for `env_id` in zoo_configs/<algo>.yml (empty if that file has no entry)."""
-    path = config_dir / f"{algo}.yml"
+    """The entry for `env_id` in zoo_configs/<algo>.yml (empty if that file has no entry).
+
+    A file may start from a shared base file: `base: NAME` (a file in the same folder, keyed by env id the
+    same way; zoo_configs/llm-base.yml holds the LLM arm's). An env id the file lists then starts from the
+    base's entry for that id, and each key the file sets replaces the base's whole (a mapping such as
+    env_kwargs is replaced, not merged); an env id the file does not list has no entry. A base may have a
+    base of its own."""
+    return _zoo_entry(config_dir / f"{algo}.yml", env_id, ())
+
+
+def _zoo_entry(path: Path, env_id: str, named_by: tuple[Path, ...]) -> dict[str, Any]:
     if not path.is_file():
+        if named_by:
+            raise ConfigError(
+                f"malformed config file {str(named_by[-1])!r}: base {path.name!r} is not a file in {str(path.parent)!r}; "
+                "expected the name of a zoo file beside it"
+            )
         return {}
     data = read_yaml(path) or {}
     if not isinstance(data, dict):
@@ -69,7 +83,16 @@ def zoo_hyperparams(algo: str, env_id: str, config_dir: Path = ZOO_CONFIG_DIR) -
     entry = data.get(env_id) or {}
     if not isinstance(entry, dict):
         raise ConfigError(f"malformed config file {str(path)!r}: entry {env_id!r} must be a mapping")
-    return dict(entry)
+    base = data.get("base")
+    if base is None or env_id not in data:
+        return dict(entry)
+    if not isinstance(base, str) or Path(base).name != base or not base:
+        raise ConfigError(f"malformed config file {str(path)!r}: base={base!r}; expected the name of a zoo file beside it")
+    base_path = path.parent / base
+    if base_path == path or base_path in named_by:
+        chain = " -> ".join(p.name for p in (*named_by, path, base_path))
+        raise ConfigError(f"malformed config file {str(path)!r}: its bases form a cycle ({chain}); expected a chain that ends")
+    return {**_zoo_entry(base_path, env_id, (*named_by, path)), **entry}
 
 
 RUN_RECORD_KEYS = {"algo", "env", "hyperparams", "config_hash"}  # a config.yml written by algorithms.train

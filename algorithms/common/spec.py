@@ -143,6 +143,10 @@ class Arm(ABC):
     def validate(self, spec: RunSpec) -> None:
         """Build the run's objects dry, before the log dir exists (default: resolve already checked all)."""
 
+    def check_resume(self, spec: RunSpec, log_dir: str) -> None:
+        """--resume, before the log dir is touched: refuse a run that cannot be continued (default: an arm
+        that keeps no checkpoints restarts an unfinished run, so nothing is refused)."""
+
     @abstractmethod
     def run(self, spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
         """Train, log into `log_dir`, and return the summary's entries."""

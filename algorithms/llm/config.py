@@ -28,15 +28,19 @@ Names that could be confused:
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 from trl import GRPOConfig
 
+from algorithms.common.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, Validated
+from vcbm_gym.credit.base import CreditRule
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES as RATIO_SHARING
 
-# What the LLM arm's EpisodeBatch holds (algorithms/llm/trainer.py:episode_batch), in the terms of
+# The credit rule of each LOOP algorithm when no config names one (trl-grpo keeps TRL's own advantage).
+DEFAULT_CREDIT = {"loop": "loo", "vcbm-loop": "vcbm_blend"}
+# What the LLM arm's EpisodeBatch holds (algorithms/llm/batch.py:episode_batch), in the terms of
 # CreditRule.batch_needs: a rule that needs anything else (observations, coalition values) is refused.
 LLM_BATCH_PROVIDES = frozenset(
     {
@@ -48,8 +52,16 @@ LLM_BATCH_PROVIDES = frozenset(
         "extras['anchor_keys']",
     }
 )
+# The env info keys the rollout reads into the batch (algorithms/llm/rollout.py), in the terms of
+# CreditRule.info_needs, and those it has a stand-in for when an env does not report them: an env
+# need not report these for a rule that learns from them.
+LLM_INFO_PROVIDES = frozenset({"state_mutating", "execution_output", "effect"})
+INFO_STAND_INS = {"execution_output": "the turn's observation text"}
 # The LLM arm's defaults for a rule's arguments where the rule's own differ: a bounded episodic memory.
 LLM_RULE_DEFAULTS = {"vcbm_blend": {"memory_capacity": 100_000}}
+FINETUNE_MODES = ("auto", "lora", "full")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+TINY_MODELS = ("tiny", "tiny-random")
 
 
 def rule_kwargs(credit: str, credit_kwargs: dict) -> dict:
@@ -57,9 +69,22 @@ def rule_kwargs(credit: str, credit_kwargs: dict) -> dict:
     return {**LLM_RULE_DEFAULTS.get(credit, {}), **credit_kwargs.get(credit, {})}
 
 
-def check_credit(credit: str, credit_kwargs: dict) -> None:
-    """Refuse (ValueError, one line) a rule that is unknown, badly configured, or needs what the LLM batch lacks."""
-    from vcbm_gym.credit.base import RULES, make_rule, unmet_needs
+def _refuse_unmet(credit: str, missing: list[str]) -> None:
+    if not missing:
+        return
+    batch = [m for m in missing if not m.startswith("info[")]
+    info = [m for m in missing if m.startswith("info[")]
+    parts = ([f"{', '.join(batch)} in its EpisodeBatch"] if batch else []) + ([f"{', '.join(info)} from the env"] if info else [])
+    raise ValueError(
+        f"credit rule {credit!r} needs {' and '.join(parts)}, which the LLM arm does not provide (it has: "
+        f"{', '.join(sorted(LLM_BATCH_PROVIDES))}; it collects info: {', '.join(sorted(LLM_INFO_PROVIDES))})"
+    )
+
+
+def check_credit_class(credit: str, credit_kwargs: dict) -> None:
+    """Refuse (ValueError, one line) a rule that is unknown, whose credit_kwargs are malformed, or whose class
+    declares inputs (batch fields, env info keys) the LLM arm does not provide. Builds nothing."""
+    from vcbm_gym.credit.base import RULES, rule_class, unmet_rule_needs
 
     if credit == "vcbm":
         raise ValueError(
@@ -72,21 +97,85 @@ def check_credit(credit: str, credit_kwargs: dict) -> None:
         raise ValueError(
             f"credit_kwargs={credit_kwargs!r}: expected rule name -> mapping of its arguments, e.g. {{vcbm_blend: {{beta: 0.5}}}}"
         )
+    _refuse_unmet(credit, unmet_rule_needs(rule_class(credit), LLM_BATCH_PROVIDES, LLM_INFO_PROVIDES))
+
+
+def check_credit(credit: str, credit_kwargs: dict) -> CreditRule:
+    """The run's rule, built once: refused (ValueError, one line) when it is unknown, badly configured, or
+    needs what the LLM arm does not provide (its class's declarations, then the built instance's `needs()`)."""
+    from vcbm_gym.credit.base import make_rule, unmet_rule_needs
+
+    check_credit_class(credit, credit_kwargs)
     kwargs = rule_kwargs(credit, credit_kwargs)
-    module, _, cls = RULES[credit].partition(":")
-    provided = set(LLM_BATCH_PROVIDES)
-    missing = unmet_needs(getattr(importlib.import_module(module), cls).batch_needs, provided)
-    if not missing:
-        try:
-            rule = make_rule(credit, **kwargs)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"credit rule {credit!r} (credit_kwargs {kwargs!r}): {exc}") from None
-        missing = unmet_needs(rule.needs(), provided)
-    if missing:
-        raise ValueError(
-            f"credit rule {credit!r} needs {', '.join(missing)} in its EpisodeBatch, which the LLM arm "
-            f"does not provide (it has: {', '.join(sorted(provided))})"
-        )
+    try:
+        rule = make_rule(credit, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"credit rule {credit!r} (credit_kwargs {kwargs!r}): {exc}") from None
+    _refuse_unmet(credit, unmet_rule_needs(rule, LLM_BATCH_PROVIDES, LLM_INFO_PROVIDES))
+    return rule
+
+
+@dataclass
+class LoopRunConfig(Validated):
+    """The run's settings outside the trainer's config: model, budget, env, LoRA, checkpoints."""
+
+    RANGES = {
+        "iterations": AT_LEAST_ONE,
+        "checkpoint_every": NON_NEGATIVE,
+        "n_tasks": AT_LEAST_ONE,
+        "torch_threads": NON_NEGATIVE,
+        "lora_r": AT_LEAST_ONE,
+        "lora_alpha": POSITIVE,
+        "lora_dropout": Range(0, 1, hi_open=True),
+    }
+
+    iterations: int = 200
+    model: str = "tiny"
+    finetune: str = "auto"  # auto: full for the tiny models, LoRA otherwise
+    env_kwargs: dict = field(default_factory=dict)
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: list = field(default_factory=lambda: list(LORA_TARGETS))
+    checkpoint_every: int = 0
+    n_tasks: int = 1024  # task seeds drawn from the run seed; independent of --iterations so that resumes match
+    torch_threads: int = 0  # 0: torch's default; 1 is often fastest for tiny models on shared CPUs
+    # Settings that replace the entry's own on a machine without a CUDA GPU (e.g. the paper's
+    # bf16 / vLLM AppWorld setting becomes a tiny CPU run); applied when the run is resolved, so config.yml shows them.
+    cpu_overrides: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.finetune not in FINETUNE_MODES:
+            raise ValueError(f"finetune={self.finetune!r}: expected one of {FINETUNE_MODES}")
+
+    @property
+    def full_finetune(self) -> bool:
+        """Every parameter trained (not LoRA): `full`, or `auto` on a tiny model."""
+        return self.finetune == "full" or (self.finetune == "auto" and self.model in TINY_MODELS)
+
+
+@dataclass(frozen=True)
+class LLMConfig:
+    """`RunSpec.config` of an LLM run, built once when the run is resolved (algorithms/llm/resolve.py).
+
+    `trainer` is complete but for what the run itself decides (its output dir, seed and progress bar:
+    `algorithms.llm.build.trainer_config_for_run`); `rule` is the credit rule resolve built and checked
+    (None for trl-grpo), which the spec's run trains (`take_rule`)."""
+
+    run: LoopRunConfig
+    trainer: Any  # LoopConfig (loop, vcbm-loop) or MultiTurnGRPOConfig (trl-grpo)
+    rule: CreditRule | None
+    _taken: list = field(default_factory=list, compare=False, repr=False)
+
+    def take_rule(self) -> CreditRule | None:
+        """The untrained rule a run trains: the one resolve built, the first time; after that (one spec, or
+        seeds of one template, run again in this process) a new one built the same way, since the first is
+        trained by then. Not a copy: a bounded memory's preallocated arrays would cost their full size."""
+        if self.rule is None or not self._taken:
+            self._taken.append(True)
+            return self.rule
+        return check_credit(self.trainer.credit, self.trainer.credit_kwargs)
 
 
 @dataclass
@@ -136,7 +225,7 @@ class MultiTurnGRPOConfig(GRPOConfig):
 @dataclass
 class LoopConfig(MultiTurnGRPOConfig):
     # credit: a rule of vcbm_gym.credit (LOOP: loo, Eq. 6; VCBM-LOOP: vcbm_blend, Eq. 12-14)
-    credit: str = field(default="loo", metadata={"help": "credit rule name (vcbm_gym.credit.base.RULES)"})
+    credit: str = field(default=DEFAULT_CREDIT["loop"], metadata={"help": "credit rule name (vcbm_gym.credit.base.RULES)"})
     credit_kwargs: dict = field(
         default_factory=dict, metadata={"help": "rule name -> its constructor arguments, e.g. {vcbm_blend: {beta: 1.0}}"}
     )
@@ -165,7 +254,7 @@ class LoopConfig(MultiTurnGRPOConfig):
     vllm_importance_sampling_mode: str = "token_truncate"
 
     def __post_init__(self) -> None:
-        check_credit(self.credit, self.credit_kwargs)
+        check_credit_class(self.credit, self.credit_kwargs)  # the instance is built once, by check_credit
         if self.ratio_sharing not in RATIO_SHARING:
             raise ValueError(f"ratio_sharing={self.ratio_sharing!r}: expected one of {RATIO_SHARING}")
         if self.beta != 0.0:

@@ -1,4 +1,4 @@
-"""Passes each finished iteration's metrics to a run's `RunContext.report` (algorithms.tune prunes on them)."""
+"""Passes each finished iteration's metrics to a run's `RunOptions.report` (algorithms.tune prunes on them)."""
 
 from __future__ import annotations
 

@@ -25,20 +25,14 @@ Two trainers:
 4. `_get_grad_norm` counts outlier-gradient events; `_save_checkpoint` adds the credit rule's
    state (`state_dict`: vcbm_blend's episodic memory) and the loop's counters to TRL's checkpoints (adapter, optimizer, RNG).
 
-KL estimate (`kl_old_new`): KL(pi_old || pi_theta) per rollout, the sum over its generated tokens
-of the k3 estimator r - 1 - log r with r = pi_theta / pi_old = exp(-d), d = logp_old - logp_new.
-The tokens were sampled from pi_old, under which this estimator is unbiased for KL(pi_old || pi_theta)
-and never negative. Averaged over the micro-batch's rollouts; the iteration's estimate is the
-largest over its micro-batches.
+The pieces live beside this module: the EpisodeBatch (batch.py), the loss and KL estimate (loss.py),
+the metrics (metrics.py), the checkpoint additions (checkpoints.py) and vLLM turns (vllm.py).
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import math
-import os
 import time
 from collections import defaultdict, deque
 from pathlib import Path
@@ -50,237 +44,21 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from algorithms.common import cli
-from algorithms.common.errors import ConfigError, VcbmGymError
-from algorithms.llm.config import LoopConfig, rule_kwargs
+from algorithms.common.errors import ConfigError
+from algorithms.llm.batch import context_keys, episode_batch, gather_episode_batch
+from algorithms.llm.checkpoints import load_loop_state, save_loop_state
+from algorithms.llm.config import LoopConfig, check_credit
+from algorithms.llm.loss import kl_old_new, ppo_clip_token_loss, token_ratios
+from algorithms.llm.metrics import local_rollout_record, rollout_metrics
 from algorithms.llm.rollout import CachedGeneration, Episode, full_attention_only, hf_generate, play_episodes
+from algorithms.llm.vllm import gather_counts, vllm_turn
 from algorithms.registry import load_object
-from vcbm_gym.credit.base import EpisodeBatch, make_rule
-
-CREDIT_STATE_FILE = "credit_state.npz"  # the rule's state_dict arrays; the rest is in LOOP_STATE_FILE
-LOOP_STATE_FILE = "loop_state.json"
-COMPLETE_MARKER = "loop_checkpoint_complete"  # written last: a checkpoint without it was cut short
-
-
-def kl_old_new(logp_old: torch.Tensor, logp_new: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per-rollout KL(pi_old || pi_theta) from tokens sampled under pi_old: sum_t (r_t - 1 - log r_t) * mask_t.
-
-    r_t = exp(logp_new - logp_old) is the importance ratio; E_old[r] = 1 and E_old[-log r] is the KL,
-    so the k3 estimator is unbiased for this direction (and each term is >= 0).
-    """
-    log_r = (logp_new - logp_old) * mask
-    return ((torch.exp(log_r) - 1.0 - log_r) * mask).sum(-1)
-
-
-def decision_advantage_sums(advantages: np.ndarray, mask: np.ndarray, decision: np.ndarray) -> list[float]:
-    """[|advantage| mass on the tokens of deciding turns, all |advantage| mass]: summable over processes."""
-    weight = np.abs(advantages) * mask
-    return [float((weight * decision).sum()), float(weight.sum())]
-
-
-def decision_advantage_mass(advantages: np.ndarray, mask: np.ndarray, decision: np.ndarray) -> float:
-    """Share of the batch's |advantage| mass on the tokens of deciding turns (an evaluation metric)."""
-    on_decision, total = decision_advantage_sums(advantages, mask, decision)
-    return on_decision / total if total > 0 else 0.0
+from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 
 def episode_return_reward(prompts, completions, episode_return, **kwargs) -> list[float]:
     """TRL reward function: the return the rollout function recorded for each episode."""
     return [float(r) for r in episode_return]
-
-
-def episode_batch(episodes: list[Episode], width: int) -> EpisodeBatch:
-    """Token-level EpisodeBatch of the completion part of each sequence, padded to `width`."""
-    n = len(episodes)
-    rewards, mask, turns = np.zeros((n, width)), np.zeros((n, width), bool), np.full((n, width), -1)
-    for b, e in enumerate(episodes):
-        m = np.asarray(e.env_mask, bool)
-        mask[b, : len(m)] = m
-        turns[b, : len(m)] = e.turn_ids
-        generated = np.flatnonzero(m)
-        if len(generated):
-            rewards[b, generated[-1]] = e.episode_return
-    return EpisodeBatch(
-        rewards=rewards,
-        mask=mask,
-        group_ids=np.array([e.task_seed for e in episodes]),
-        step_turn=turns,
-        turn_flags={"state_mutating": [np.asarray(e.state_mutating, bool) for e in episodes]},
-        turn_texts=[e.turn_texts for e in episodes],
-        final_texts=[e.final_text for e in episodes],
-        extras={"anchor_keys": [anchor_keys(e) for e in episodes]},
-    )
-
-
-def anchor_keys(episode: Episode) -> list[str]:
-    """GiGPO's anchor of each turn: the observation the turn answers ("" where the episode has no record)."""
-    n_turns = max(len(episode.turn_texts), max(episode.turn_ids, default=-1) + 1)
-    messages = episode.messages
-    return [messages[1 + 2 * t]["content"] if 1 + 2 * t < len(messages) else "" for t in range(n_turns)]
-
-
-def concat_episode_batches(batches: list[EpisodeBatch]) -> EpisodeBatch:
-    """One EpisodeBatch of the episodes of `batches`, in order, padded to the widest (the LLM arm's fields)."""
-    if len(batches) == 1:
-        return batches[0]
-    width = max(b.rewards.shape[1] for b in batches)
-
-    def pad(array: np.ndarray, value) -> np.ndarray:
-        return np.pad(array, ((0, 0), (0, width - array.shape[1])), constant_values=value)
-
-    def cat(values):
-        return None if any(v is None for v in values) else [x for v in values for x in v]
-
-    return EpisodeBatch(
-        rewards=np.concatenate([pad(b.rewards, 0.0) for b in batches]),
-        mask=np.concatenate([pad(b.mask, False) for b in batches]),
-        group_ids=np.concatenate([b.group_ids for b in batches]),
-        step_turn=np.concatenate([pad(b.step_turn, -1) for b in batches]),
-        turn_flags={k: cat([b.turn_flags[k] for b in batches]) for k in batches[0].turn_flags},
-        turn_texts=cat([b.turn_texts for b in batches]),
-        final_texts=cat([b.final_texts for b in batches]),
-        extras={k: cat([b.extras[k] for b in batches]) for k in batches[0].extras},
-    )
-
-
-def gather_episode_batch(accelerator, batch: EpisodeBatch) -> tuple[EpisodeBatch, int]:
-    """All processes' episodes as one batch (rank order) and where this process's rows start.
-
-    LOO, GRPO and GiGPO compare the K rollouts of a task, which TRL's sampler may place on
-    different ranks, so every rank computes the rule over the gathered batch and keeps its rows.
-    """
-    if accelerator.num_processes == 1:
-        return batch, 0
-    from accelerate.utils import gather_object
-
-    batches = gather_object([batch])
-    start = sum(b.batch_size for b in batches[: accelerator.process_index])
-    return concat_episode_batches(batches), start
-
-
-def split_state(obj: Any, arrays: dict[str, np.ndarray], path: str = "") -> Any:
-    """A rule's state_dict as JSON-able values, its numpy arrays moved into `arrays` (by path)."""
-    if isinstance(obj, dict):
-        return {str(k): split_state(v, arrays, f"{path}/{k}" if path else str(k)) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [split_state(v, arrays, f"{path}/{i}") for i, v in enumerate(obj)]
-    if isinstance(obj, np.ndarray):
-        arrays[path] = obj
-        return {"__array__": path}
-    return obj.item() if isinstance(obj, np.generic) else obj
-
-
-def join_state(obj: Any, arrays: dict[str, np.ndarray]) -> Any:
-    """The inverse of split_state."""
-    if isinstance(obj, dict):
-        if set(obj) == {"__array__"}:
-            return arrays[obj["__array__"]]
-        return {k: join_state(v, arrays) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [join_state(v, arrays) for v in obj]
-    return obj
-
-
-def vllm_answers(completion_ids, logprobs) -> list[tuple[list[int], list[float]]]:
-    """(token ids, sampled-token log-probs) per completion from TRL's vLLM engine (`logprobs[j][i][0]`).
-
-    A missing log-prob (no list, a None, a NaN, or fewer than the tokens) raises: a stand-in value
-    such as 0.0 would make the importance ratio and the KL estimate of that token silently wrong.
-    """
-    if logprobs is None or len(logprobs) != len(completion_ids):
-        raise VcbmGymError(
-            f"vLLM returned log-probs for {0 if logprobs is None else len(logprobs)} of "
-            f"{len(completion_ids)} completions; expected one per completion (logprobs enabled)"
-        )
-    out = []
-    for j, (ids, seq) in enumerate(zip(completion_ids, logprobs)):
-        values = []
-        for i in range(len(ids)):
-            lp = seq[i] if seq is not None and i < len(seq) else None
-            value = lp[0] if isinstance(lp, (list, tuple)) and lp else None
-            if value is None or not math.isfinite(float(value)):
-                raise VcbmGymError(
-                    f"vLLM returned no log-prob for token {i} of completion {j} ({lp!r}); expected the "
-                    "sampled token's log-prob for every generated token"
-                )
-            values.append(float(value))
-        out.append((list(ids), values))
-    return out
-
-
-def gather_counts(n: int) -> list[int]:
-    """Every process's number of contexts this turn, in rank order (a collective: every process calls it)."""
-    from accelerate.utils import gather_object
-
-    return [int(c) for c in gather_object([n])]
-
-
-def vllm_turn(gen, contexts: list[list[int]], counts=gather_counts, dummy: list[int] | None = None):
-    """One turn of TRL's vLLM generation for this process's contexts, one answer per context.
-
-    TRL 1.16's `VLLMGeneration.generate` gathers every rank's prompts (server mode: all processes;
-    colocate with tensor parallelism: the TP group) and hands rank r back the completions at
-    [r * len(prompts), (r + 1) * len(prompts)): right only when every rank passes as many prompts.
-    In a multi-turn rollout the ranks' live episodes differ, so with `counts` (every process's
-    count, a collective) each process pads its contexts to the largest count with `dummy` prompts
-    and drops their answers; when no process has a context, nothing is generated. `counts=None`
-    (one process, or colocate without tensor parallelism: no gather) passes the contexts as they are.
-    """
-    n = len(contexts)
-    width = max(counts(n)) if counts is not None else n
-    if width == 0:
-        return []
-    prompts = list(contexts) + [list(dummy or [0])] * (width - n)
-    _, completion_ids, logprobs, _ = gen.generate(prompts=prompts, images=None, num_generations=1)
-    return vllm_answers(completion_ids[:n], None if logprobs is None else logprobs[:n])
-
-
-def _size(n_bytes: float) -> str:
-    if n_bytes >= 2**30:
-        return f"{n_bytes / 2**30:.1f} GiB"
-    return f"{n_bytes / 2**20:.1f} MiB" if n_bytes >= 2**20 else f"{n_bytes / 2**10:.1f} KiB"
-
-
-def logprob_memory_line(bound: int | None, vocab: int, batch: int, rollout_episodes: int, use_vllm: bool) -> str:
-    """The start-up estimate of the log-prob paths' peak memory (fp32), formulas stated.
-
-    Full logits ([batch, sequence, vocab], what a log_softmax over the whole sequence takes) is the
-    reference; this arm computes less: rollouts keep one step's [episodes, vocab] scores at a time
-    (hf_generate; vLLM returns the sampled tokens' log-probs), and TRL's fused LM head scores the
-    training sequence in tiles of at most 4,096 tokens x 32,768 vocabulary entries.
-    """
-    if bound is None:
-        full = "full logits: sequence unbounded (max_episode_tokens unset, the model reports no context length), no estimate"
-    else:
-        full = (
-            f"full logits would take sequence bound x vocab x batch x 4 B = {bound:,} x {vocab:,} x {batch} x 4 B = "
-            f"{_size(bound * vocab * batch * 4)}"
-        )
-    rollout = (
-        "rollout: vLLM's sampled-token log-probs"
-        if use_vllm
-        else f"rollout ~5 x episodes x vocab x 4 B = 5 x {rollout_episodes} x {vocab:,} x 4 B = "
-        f"{_size(5 * rollout_episodes * vocab * 4)} per generated token"
-    )
-    tokens = 4096 if bound is None else min(batch * bound, 4096)
-    tile = tokens * min(vocab, 32768) * 4
-    return (
-        f"log-prob memory estimate: {full}; this run: {rollout}, training (TRL fused LM head) "
-        f"min(batch x bound, 4096) x min(vocab, 32768) x 4 B = {_size(tile)} per tile"
-    )
-
-
-def context_keys(episodes: list[Episode]) -> list[list[str]]:
-    """EMPO context of every turn: the task, the turn index and the whole conversation before it."""
-    keys = []
-    for e in episodes:
-        digest, row = hashlib.md5(str(e.task_seed).encode()), []
-        for t in range(len(e.effects)):
-            digest.update(e.messages[1 + 2 * t]["content"].encode())  # the observation answered at turn t
-            row.append(f"{e.task_seed}:{t}:{digest.hexdigest()}")
-            digest.update(e.messages[2 + 2 * t]["content"].encode())  # then that turn's answer
-        keys.append(row)
-    return keys
 
 
 class _IterationEnd(TrainerCallback):
@@ -423,45 +201,14 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
 
     def _record_rollouts(self, episodes: list[Episode], batch: EpisodeBatch, advantages: torch.Tensor) -> None:
         """The iteration's rollout metrics over every process's episodes (each process holds only its share)."""
-        # advantage mass on deciding turns (evaluation-only `is_decision_turn`), as the loss sees it
-        decision = np.zeros(batch.mask.shape, bool)
-        for b, e in enumerate(episodes):
-            for t, flag in enumerate(e.decision_turns):
-                if flag:
-                    decision[b] |= batch.step_turn[b] == t
-        advantages = advantages.detach().float().cpu().numpy()
-        if advantages.ndim == 1:
-            advantages = advantages[:, None] * batch.mask
-        local = {
-            "returns": [e.episode_return for e in episodes],
-            "generated": [e.n_generated for e in episodes],
-            "token_bound": [e.token_bound_reached for e in episodes],
-            "turn_effects": [x for e in episodes for x in e.effects],
-            "last_infos": [e.last_info for e in episodes],
-            "mass": decision_advantage_sums(advantages, batch.mask, decision),
-            "tokens": [float((decision * batch.mask).sum()), float(batch.mask.sum())],
-        }
+        local = local_rollout_record(episodes, batch, advantages.detach().float().cpu().numpy())
         if self.accelerator.num_processes == 1:
             parts = [local]
         else:
             from accelerate.utils import gather_object
 
             parts = gather_object([local])
-        every = {
-            k: [x for part in parts for x in part[k]]
-            for k in ("returns", "generated", "token_bound", "turn_effects", "last_infos")
-        }
-        mass = np.sum([part["mass"] for part in parts], axis=0)
-        tokens = np.sum([part["tokens"] for part in parts], axis=0)
-        s = self._iter_stats
-        s["mean_return"] = float(np.mean(every["returns"]))
-        s["mean_output_tokens"] = float(np.mean(every["generated"]))
-        s["token_bound_rate"] = float(np.mean(every["token_bound"]))
-        turns = every["turn_effects"]
-        s["invalid_turn_rate"] = float(np.mean([x == "invalid" for x in turns])) if turns else 0.0
-        s["decision_advantage_mass"] = float(mass[0] / mass[1]) if mass[1] > 0 else 0.0
-        s["decision_token_share"] = float(tokens[0] / max(tokens[1], 1))
-        s.update(task_goal_completion(every["last_infos"]))
+        self._iter_stats.update(rollout_metrics(parts))
 
     def _iteration_metrics(self) -> dict[str, float]:
         s = self._iter_stats
@@ -492,36 +239,6 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             self.writer.flush()
 
 
-def task_goal_completion(last_infos: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean task goal completion of a batch of episodes, overall and per difficulty level.
-
-    From each episode's last `info`: `task_goal_completion`, else AppWorld's `success`. Once any
-    episode of the batch reports one, an episode that does not (cut short, never decided) counts
-    as a failure (0), so completion is never measured on the finished episodes alone. Empty when
-    the env reports neither.
-    """
-    if not any("task_goal_completion" in i or "success" in i for i in last_infos):
-        return {}
-    values = [float(i.get("task_goal_completion", i.get("success", 0.0))) for i in last_infos]
-    out = {"task_goal_completion": float(np.mean(values))}
-    by_level: dict[Any, list[float]] = defaultdict(list)
-    for info, v in zip(last_infos, values):
-        if info.get("difficulty") is not None:
-            by_level[info["difficulty"]].append(v)
-    out.update({f"task_goal_completion/difficulty_{k}": float(np.mean(v)) for k, v in by_level.items()})
-    return out
-
-
-def latest_complete_checkpoint(folder: str | Path) -> str | None:
-    """The newest checkpoint-N under `folder` that carries the completion marker (None if none does)."""
-    found = []
-    for path in Path(folder).glob("checkpoint-*"):
-        step = path.name.removeprefix("checkpoint-")
-        if step.isdigit() and (path / COMPLETE_MARKER).is_file():
-            found.append((int(step), str(path)))
-    return max(found)[1] if found else None
-
-
 def check_turn_limits(trainer_max_turns: int, env: gym.Env, env_id: str) -> None:
     """Refuse a trainer turn limit below the env's: every episode would be cut before its reward."""
     core = env.unwrapped
@@ -536,9 +253,10 @@ def check_turn_limits(trainer_max_turns: int, env: gym.Env, env_id: str) -> None
 class LoopTrainer(MultiTurnGRPOTrainer):
     """MultiTurnGRPOTrainer with a credit rule's per-token advantages and LOOP's PPO-clip loss."""
 
-    def __init__(self, model, args: LoopConfig, *trainer_args, **trainer_kwargs) -> None:
-        """As MultiTurnGRPOTrainer; `args` carries the LOOP settings and the credit rule (`credit`, `credit_kwargs`)."""
-        self.credit_rule = make_rule(args.credit, **rule_kwargs(args.credit, args.credit_kwargs))
+    def __init__(self, model, args: LoopConfig, *trainer_args, credit_rule: CreditRule | None = None, **trainer_kwargs) -> None:
+        """As MultiTurnGRPOTrainer; `args` carries the LOOP settings and names the credit rule (`credit`,
+        `credit_kwargs`). `credit_rule`: that rule as the run built it (algorithms.llm.resolve); built here if None."""
+        self.credit_rule = check_credit(args.credit, args.credit_kwargs) if credit_rule is None else credit_rule
         self._pending_observe: EpisodeBatch | None = None
         self._grad_norms: deque[float] = deque(maxlen=args.outlier_grad_window)
         self.outlier_grad_events = 0
@@ -605,40 +323,38 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, completion_ids.size(1))
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old
-        advantages = inputs["advantages"]
 
-        ratio = self._ratios(logps, old, mask, inputs)  # Eq. 7 (or EMPO's shared ratios)
-        eps = self.args.epsilon
-        per_token = -torch.min(ratio * advantages, torch.clamp(ratio, 1 - eps, 1 + eps) * advantages)  # Eq. 8
+        ratio = token_ratios(
+            logps, old, mask, self.args.ratio_sharing, inputs.get("turn_ids"), inputs.get("cell_ids"), self.args.length_norm
+        )  # Eq. 7 (or EMPO's shared ratios)
+        per_token = ppo_clip_token_loss(ratio, inputs["advantages"], self.args.epsilon)  # Eq. 8
         if self.use_vllm and self.vllm_importance_sampling_correction:
             per_token = per_token * inputs["importance_sampling_ratio"]
         normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
         normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
         loss = (per_token * mask).sum() / normalizer
 
-        with torch.no_grad():
-            kl = kl_old_new(old, logps.detach(), mask).mean()
-            kl = self.accelerator.gather(kl.reshape(1)).max().item()
-            diff = (old - logps.detach()) * mask
-            on = mask.bool()
-            if on.any():
-                self._iter_stats["max_importance_weight"] = max(
-                    self._iter_stats["max_importance_weight"], torch.exp(-diff[on]).max().item()
-                )
-                self._iter_stats["max_logprob_diff"] = max(self._iter_stats["max_logprob_diff"], diff[on].abs().max().item())
-            self._iter_stats["kl_estimate"] = max(self._iter_stats["kl_estimate"], kl)
+        kl = self._record_drift(old, logps.detach(), mask)
         if kl > self.args.kl_abort and not self._aborted:
             self._aborted = True
         if self._aborted:
             return loss * 0.0  # the iteration is discarded; _end_iteration restores the weights
         return loss
 
-    def _ratios(self, logps, old, mask, inputs) -> torch.Tensor:
-        if self.args.ratio_sharing == "none":
-            return torch.exp(logps - old)
-        from vcbm_gym.credit.empo import shared_ratios
-
-        return shared_ratios(logps, old, mask, inputs["turn_ids"], inputs["cell_ids"], length_norm=self.args.length_norm)
+    @torch.no_grad()
+    def _record_drift(self, old: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor) -> float:
+        """The micro-batch's KL estimate (largest over processes) and the iteration's largest ratio and log-prob gap."""
+        kl = kl_old_new(old, logps, mask).mean()
+        kl = self.accelerator.gather(kl.reshape(1)).max().item()
+        diff = (old - logps) * mask
+        on = mask.bool()
+        if on.any():
+            self._iter_stats["max_importance_weight"] = max(
+                self._iter_stats["max_importance_weight"], torch.exp(-diff[on]).max().item()
+            )
+            self._iter_stats["max_logprob_diff"] = max(self._iter_stats["max_logprob_diff"], diff[on].abs().max().item())
+        self._iter_stats["kl_estimate"] = max(self._iter_stats["kl_estimate"], kl)
+        return kl
 
     # --- iteration bookkeeping, outliers, checkpoints ----------------------------------------
     def _trainable(self) -> dict[str, torch.nn.Parameter]:
@@ -716,33 +432,11 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
             folder = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
-            arrays: dict[str, np.ndarray] = {}
-            credit_state = split_state(self.credit_rule.state_dict(), arrays)
-            with open(folder / f".{CREDIT_STATE_FILE}.tmp", "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(folder / f".{CREDIT_STATE_FILE}.tmp", folder / CREDIT_STATE_FILE)
-            state = {**self.loop_state_dict(), "credit": self.args.credit, "credit_state": credit_state}
-            cli.atomic_write_text(folder / LOOP_STATE_FILE, json.dumps(state))
-            (folder / COMPLETE_MARKER).write_text("")
+            save_loop_state(folder, self.args.credit, self.credit_rule.state_dict(), self.loop_state_dict())
 
     def load_loop_checkpoint(self, folder: str | Path) -> None:
         """Restore the credit rule's state and the loop's counters saved beside a TRL checkpoint."""
-        folder = Path(folder)
-        try:
-            with np.load(folder / CREDIT_STATE_FILE) as data:
-                arrays = {k: data[k] for k in data.files}
-            state = json.loads((folder / LOOP_STATE_FILE).read_text())
-            if state.get("credit") != self.args.credit:
-                raise ValueError(f"saved by credit rule {state.get('credit')!r}, this run's is {self.args.credit!r}")
-            bad = [k for k, v in arrays.items() if v.dtype.kind == "f" and not np.isfinite(v).all()]
-            if bad:
-                raise ValueError(f"non-finite values in {', '.join(bad)}")
-            self.credit_rule.load_state_dict(join_state(state["credit_state"], arrays))
-        except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:  # zip and JSON errors are ValueErrors too
-            raise VcbmGymError(
-                f"checkpoint {str(folder)!r}: unreadable credit-rule state or loop state ({exc}); "
-                "expected the files a completed checkpoint writes"
-            ) from None
+        state = load_loop_state(folder, self.args.credit, self.credit_rule)
         self.outlier_grad_events = state["outlier_grad_events"]
         self.aborted_iterations = state["aborted_iterations"]
         self._grad_norms.extend(state["grad_norms"])

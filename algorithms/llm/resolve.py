@@ -1,0 +1,196 @@
+"""An LLM run resolved once: a flat mapping of hyperparameters -> `RunSpec` holding the plain values that
+config.yml records (`hyperparams`) and the typed configs and credit rule built from them (`config`).
+
+Each config is built here once per run: `LoopRunConfig` and the trainer's config (`LoopConfig` for
+loop / vcbm-loop, `MultiTurnGRPOConfig` for trl-grpo, with the budget it derives from `iterations`),
+and the credit rule. The run later sets only what it decides itself (output dir, seed, progress bar).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any
+
+from algorithms.common import cli
+from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value
+from algorithms.common.errors import ConfigError, VcbmGymError
+from algorithms.common.spec import RunSpec
+from algorithms.llm.config import DEFAULT_CREDIT, LLMConfig, LoopConfig, LoopRunConfig, MultiTurnGRPOConfig, check_credit
+
+# Keys of the earlier shape (credit: loo | vcbm with vcbm_* beside it) -> their vcbm_blend argument.
+MOVED_KEYS = {
+    "vcbm_beta": "beta",
+    "vcbm_tau": "tau",
+    "vcbm_top_k": "top_k",
+    "vcbm_alpha": "alpha",
+    "vcbm_few_bookmarks": "few_bookmarks",
+    "vcbm_embed_dim": "dim",
+    "memory_capacity": "memory_capacity",
+}
+# Trainer-config fields the run sets itself (from what), refused as hyperparameters.
+RUN_SET = {
+    "output_dir": "<log-dir>/checkpoints",
+    "seed": "--seed",
+    "disable_tqdm": "--no-progress",
+    "use_cpu": "whether the machine has a CUDA GPU",
+    "max_steps": "iterations x num_iterations",
+    "save_strategy": "checkpoint_every",
+    "save_steps": "checkpoint_every",
+    "logging_steps": "one log per iteration",
+}
+OUTPUT_DIR_UNSET = "<log-dir>/checkpoints (set by the run)"
+# Trainer-config fields always written to config.yml (the other fields only when set)
+REPORTED = (
+    "credit",
+    "credit_kwargs",
+    "kl_abort",
+    "outlier_grad_factor",
+    "outlier_grad_window",
+    "max_turns",
+    "max_new_tokens_per_turn",
+    "truncation_chars",
+    "one_shot",
+    "ratio_sharing",
+    "length_norm",
+    "epsilon",
+    "learning_rate",
+    "lr_scheduler_type",
+    "weight_decay",
+    "max_grad_norm",
+    "num_iterations",
+    "num_generations",
+    "generation_batch_size",
+    "per_device_train_batch_size",
+    "temperature",
+    "bf16",
+    "activation_checkpointing",
+)
+RUN_KEYS = frozenset(f.name for f in dataclasses.fields(LoopRunConfig))
+
+
+def trainer_config_class(algo: str) -> type[MultiTurnGRPOConfig]:
+    return MultiTurnGRPOConfig if algo == "trl-grpo" else LoopConfig
+
+
+def reported(algo: str) -> tuple[str, ...]:
+    """The trainer-config fields config.yml records for `algo` (trl-grpo: TRL's objective's, not LOOP's)."""
+    if algo != "trl-grpo":
+        return REPORTED
+    loop_only = {f.name for f in dataclasses.fields(LoopConfig)} - {f.name for f in dataclasses.fields(MultiTurnGRPOConfig)}
+    return tuple(k for k in REPORTED if k not in loop_only) + ("beta", "loss_type", "scale_rewards")
+
+
+def plain(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def resolve(algo: str, env_id: str, seed: int, mapping: Mapping[str, Any]) -> RunSpec:
+    """Check `mapping` (one line for an unknown key, a wrong type or value, a refused rule) and build the run."""
+    mapping = settled_mapping(algo, mapping)
+    run_cfg, trainer_cfg = build_configs(algo, seed, mapping)
+    rule = None
+    if isinstance(trainer_cfg, LoopConfig):
+        try:
+            rule = check_credit(trainer_cfg.credit, trainer_cfg.credit_kwargs)
+        except ValueError as exc:
+            raise ConfigError(f"algo {algo!r}: {exc}") from None
+    hyperparams = as_plain_dict(run_cfg)
+    for name in list(reported(algo)) + [k for k in mapping if k not in hyperparams]:
+        hyperparams[name] = plain(getattr(trainer_cfg, name))
+    return RunSpec(algo, env_id, seed, hyperparams, LLMConfig(run_cfg, trainer_cfg, rule))
+
+
+def settled_mapping(algo: str, mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """The mapping as the configs will read it: the algo's credit rule, this machine's cpu_overrides, the
+    per-process batch; keys of the earlier credit shape and keys the run sets itself are refused."""
+    mapping = dict(mapping)
+    moved = [k for k in mapping if k in MOVED_KEYS]
+    if moved:
+        new = ", ".join(f"{MOVED_KEYS[k]}: {mapping[k]!r}" for k in moved)
+        raise ConfigError(
+            f"hyperparameters {', '.join(moved)} for algo {algo!r}: the credit rule's settings moved; "
+            f"expected credit: vcbm_blend and credit_kwargs: {{vcbm_blend: {{{new}}}}}"
+        )
+    set_by_run = [k for k in mapping if k in RUN_SET]
+    if set_by_run:
+        key = set_by_run[0]
+        raise ConfigError(
+            f"hyperparameter {key}={mapping[key]!r} for algo {algo!r}: the run sets it ({RUN_SET[key]}); expected no {key}"
+        )
+    if algo in DEFAULT_CREDIT:
+        mapping.setdefault("credit", DEFAULT_CREDIT[algo])
+    elif "credit" in mapping or "credit_kwargs" in mapping:
+        raise ConfigError(
+            f"credit={mapping.get('credit')!r} for algo {algo!r}: trl-grpo keeps TRL's own group advantage; "
+            f"expected --algo loop or vcbm-loop for a credit rule"
+        )
+    import torch
+
+    overrides = mapping.get("cpu_overrides") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"cpu_overrides={overrides!r} for algo {algo!r}: expected a mapping of hyperparameters")
+    if overrides and not torch.cuda.is_available():
+        mapping.update({k: v for k, v in overrides.items() if k != "cpu_overrides"})
+    share_batch(mapping, cli.launch_world_size(), algo)
+    return mapping
+
+
+def build_configs(algo: str, seed: int, mapping: dict[str, Any]) -> tuple[LoopRunConfig, MultiTurnGRPOConfig]:
+    """LoopRunConfig and the trainer's config, each built once, the trainer's with the budget it derives
+    from the run's: `iterations` generation batches of `num_iterations` optimizer steps each."""
+    import torch
+
+    owner = f"algo {algo!r}"
+    config_class = trainer_config_class(algo)
+
+    def value(key: str, cls: type) -> int:  # as the config will read it (a bad one: the config's own line)
+        return coerce_value(key, mapping[key], int, owner) if key in mapping else getattr(cls, key)
+
+    iterations, every = value("iterations", LoopRunConfig), value("checkpoint_every", LoopRunConfig)
+    per_iteration = value("num_iterations", config_class)
+    derived = {
+        "output_dir": OUTPUT_DIR_UNSET,
+        "seed": seed,
+        "use_cpu": not torch.cuda.is_available(),
+        "max_steps": iterations * per_iteration,
+        "save_strategy": "steps" if every else "no",
+        "save_steps": max(every, 1) * per_iteration,
+        "logging_steps": per_iteration,
+    }
+    try:
+        run_cfg, trainer_cfg = build_dataclasses({**mapping, **derived}, [LoopRunConfig, config_class], owner)
+    except ValueError as exc:
+        if isinstance(exc, VcbmGymError):
+            raise
+        raise ConfigError(f"{owner}: {exc}") from None
+    return run_cfg, trainer_cfg
+
+
+def share_batch(mapping: dict[str, Any], world_size: int, algo: str) -> None:
+    """Derive the per-process batch from the rollouts per iteration and the number of processes.
+
+    `generation_batch_size` is the iteration's rollouts over all processes; each process trains on its
+    share. When no config names `per_device_train_batch_size`, it is that whole share (one micro-batch
+    per process: the zoo's CPU entries), so the same entry runs on one process or several. A batch that
+    cannot be shared equally, or a named per-process batch that does not divide it, is one line.
+    """
+    rollouts, per_device = mapping.get("generation_batch_size"), mapping.get("per_device_train_batch_size")
+    if not isinstance(rollouts, int) or isinstance(rollouts, bool) or rollouts < 1:
+        return  # unset (TRL derives it from the per-process batch) or malformed (the config check names it)
+    processes = f"{world_size} process{'es' if world_size > 1 else ''} (WORLD_SIZE={world_size})"
+    if per_device is None:
+        if rollouts % world_size:
+            raise ConfigError(
+                f"generation_batch_size={rollouts} rollouts per iteration for algo {algo!r} cannot be shared equally by "
+                f"{processes}; expected a multiple of {world_size}"
+            )
+        mapping["per_device_train_batch_size"] = rollouts // world_size
+    elif isinstance(per_device, int) and not isinstance(per_device, bool) and per_device >= 1:
+        if rollouts % (per_device * world_size):
+            raise ConfigError(
+                f"generation_batch_size={rollouts} rollouts per iteration for algo {algo!r} is not a multiple of "
+                f"per_device_train_batch_size={per_device} x {processes}; expected a multiple of {per_device * world_size}, "
+                "or no per_device_train_batch_size (derived: generation_batch_size / processes)"
+            )
