@@ -12,8 +12,8 @@ import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
 
 import vcbm_gym  # noqa: E402, F401
-from algorithms.llm.prompting import initial_messages, prompt_chars  # noqa: E402
 from algorithms.llm.packed_forward import packed_forward_supported  # noqa: E402
+from algorithms.llm.prompting import initial_messages, prompt_chars  # noqa: E402
 from algorithms.llm.rollout import CachedGeneration, full_attention_only, hf_generate, play_episodes  # noqa: E402
 from algorithms.llm.tiny import build_tiny, build_tiny_model  # noqa: E402
 
@@ -139,6 +139,8 @@ def test_the_packed_engine_is_the_default_where_supported_and_refused_elsewhere(
         (["--sizes", "16", "6"], "--sizes 6: expected multiples of 4"),
         (["--iterations", "0"], "--iterations"),
         (["--json", "/nonexistent-folder/rows.json"], "--json /nonexistent-folder/rows.json"),
+        (["--markdown", "/nonexistent-folder/report.md"], "--markdown /nonexistent-folder/report.md"),
+        (["--engine", "vllm"], "--engine"),
     ],
 )
 def test_the_throughput_benchmark_refuses_bad_input_in_one_line(tmp_path, argv, expected):
