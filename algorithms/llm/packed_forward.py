@@ -70,7 +70,8 @@ def _single_query_attention(query, keys, values, bias, scaling: float) -> torch.
     rows, heads, dim = query.shape
     grouped = query.reshape(rows, keys.shape[1], heads // keys.shape[1], dim) * scaling
     scores = torch.matmul(grouped, keys.transpose(-1, -2)) + bias  # [rows, kv heads, group, slots]
-    return torch.matmul(torch.softmax(scores, dim=-1), values).reshape(rows, heads, dim)
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(values.dtype)  # float32 softmax, as transformers' eager
+    return torch.matmul(weights, values).reshape(rows, heads, dim)
 
 
 class PackedForward:
