@@ -8,8 +8,10 @@ token carries its turn id; per turn we keep the env contract's keys (vcbm_gym/co
 absent) and `info["effect"]` (EMPO's canonical effect; None when absent). The runner checks at the
 first step that the env reports the keys the chosen credit and ratio sharing learn from.
 
-Generation is batched over the live episodes of a turn with transformers `generate` (TRL's vLLM
-engine is used instead when the trainer has one). When the conversation outgrows
+Generation is batched over the live episodes of a turn: `CachedGeneration` (algorithms.llm.decode,
+each episode's keys and values kept across turns, the packed forward of algorithms.llm.packed_forward
+where the model allows) by default, `hf_generate` (transformers `generate`, every context re-encoded
+each turn) for sharded or sliding-window models, TRL's vLLM engine when the trainer has one. When the conversation outgrows
 `truncation_chars`, the context given to the model is the truncated one (algorithms.llm.prompting)
 while the training sequence keeps every token; the importance ratio against the trainer's own
 log-probabilities absorbs the difference.
