@@ -2,6 +2,7 @@
 
     python benchmarks/llm_throughput.py                      # 16 / 48 / 128 rollouts per iteration
     python benchmarks/llm_throughput.py --sizes 16 48 --iterations 5 --model tiny-random
+    python benchmarks/llm_throughput.py --engine transformers  # the cached path through transformers' forward
 
 The setting of benchmarks/llm_learning.py: LOOP (`LoopTrainer`) on TextWatchRepair-v0 with 3 turns, the
 warm-started tiny model (`--model tiny`, algorithms.llm.warm_start), the zoo entry's CPU settings (4
@@ -13,7 +14,10 @@ same random state, once on each path (which goes first alternates):
 - before: `hf_generate` every turn, re-encoding each live episode's whole context (the earlier path,
   kept as `LoopTrainer.reencode_rollouts`);
 - after: `CachedGeneration` (the default), each episode's keys and values kept from one turn to the next,
-  each distinct first prompt and the prefix all prompts share encoded once.
+  each distinct first prompt and the prefix all prompts share encoded once, run by the cache engine
+  `--engine` names: `packed` (the default for this model: algorithms.llm.packed_forward, real tokens only,
+  a gap-free cache, one attention call per layer) or `transformers` (the model's own forward over a
+  transformers cache with masked holes).
 
 Both paths thus play the same tasks with the same weights, back to back under the same machine load
 (which on a shared machine changes from minute to minute); they must sample the same tokens, and the
@@ -25,8 +29,10 @@ paths); and the share of padding in the training batch (TRL pads every sequence 
 plus the longest completion). At each larger size every iteration also plays its first tasks, as many
 rollouts as the smallest size, on the earlier path; the last lines give each size's rollouts per second
 on the new path against that, median of the per-iteration ratios (the issue's acceptance: at 48
-rollouts per iteration, at least 3x the earlier path's at 16, side by side). `--json PATH` also writes
-the rows.
+rollouts per iteration, at least 3x the earlier path's at 16, side by side), in wall-clock time and,
+beside it, in this process's CPU time (less sensitive to the other processes of a shared machine; one
+torch thread, so the two agree on an idle one). `--json PATH` also writes the rows, `--markdown PATH`
+the printed report.
 """
 
 from __future__ import annotations
@@ -61,13 +67,14 @@ def _model(name: str):
     return build_tiny(0)
 
 
-def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, base: int):
+def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, base: int, engine: str):
     """A LoopTrainer (the zoo entry's CPU settings) whose every rollout is played by both paths, timed."""
     import numpy as np
     import torch
     from datasets import Dataset
 
     from algorithms.llm.config import LoopConfig
+    from algorithms.llm.rollout import CachedGeneration
     from algorithms.llm.trainer import LoopTrainer
 
     class PairedRollouts(LoopTrainer):
@@ -77,26 +84,37 @@ def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, bas
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             self.rollout_times: list[dict[str, float]] = []
+            self.rollout_cpu_times: list[dict[str, float]] = []
             self.max_logprob_gap = 0.0
             self.same_tokens = True
+
+        def _rollout_generation(self):
+            if self.reencode_rollouts:
+                return super()._rollout_generation()
+            model = self.accelerator.unwrap_model(self.model)
+            return CachedGeneration(
+                model, self.processing_class, self.args.max_new_tokens_per_turn, self.args.temperature, engine
+            )
 
         def _rollout(self, prompts, trainer):
             plays = [("before", prompts), ("after", prompts)]
             if base < len(prompts):  # the earlier path at the base size: the first tasks of this batch
                 plays.append(("before_base", prompts[:base]))
             shift = len(self.rollout_times) % len(plays)  # which goes first rotates from one iteration to the next
-            state, times, played, results = torch.random.get_rng_state(), {}, {}, {}
+            state, times, cpu_times, played, results = torch.random.get_rng_state(), {}, {}, {}, {}
             for method, batch in plays[shift:] + plays[:shift]:
                 torch.random.set_rng_state(state)
                 self.reencode_rollouts = method != "after"
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 results[method] = super()._rollout(batch, trainer)
                 times[method], played[method] = time.perf_counter() - start, self._episodes
+                cpu_times[method] = time.process_time() - cpu_start
             for a, b in zip(played["before"], played["after"]):
                 self.same_tokens &= a.completion_ids == b.completion_ids
                 gaps = [abs(x - y) for x, y in zip(a.logprobs, b.logprobs)]
                 self.max_logprob_gap = max([self.max_logprob_gap, *gaps])
             self.rollout_times.append(times)
+            self.rollout_cpu_times.append(cpu_times)
             self._episodes = played["after"]
             return results["after"]
 
@@ -132,12 +150,12 @@ def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, bas
     )
 
 
-def measure(name: str, rollouts: int, iterations: int, base: int, seed: int = 0) -> dict:
+def measure(name: str, rollouts: int, iterations: int, base: int, engine: str = "packed", seed: int = 0) -> dict:
     """Per counted iteration (the first warms up): each path's rollouts/s, and the training pass's tokens/s."""
     from transformers import PrinterCallback, TrainerCallback
 
     with tempfile.TemporaryDirectory() as out:
-        trainer = _trainer(name, rollouts, 1 + iterations, seed, out, base)
+        trainer = _trainer(name, rollouts, 1 + iterations, seed, out, base, engine)
         rows: list[dict[str, float]] = []
 
         class Record(TrainerCallback):
@@ -148,13 +166,14 @@ def measure(name: str, rollouts: int, iterations: int, base: int, seed: int = 0)
                 tokens = sum(len(e.prompt_ids) + len(e.completion_ids) for e in episodes)
                 # TRL pads the generation batch to its longest prompt (left) plus its longest completion (right)
                 width = max(len(e.prompt_ids) for e in episodes) + max(len(e.completion_ids) for e in episodes)
-                times = trainer.rollout_times[-1]
+                times, cpu = trainer.rollout_times[-1], trainer.rollout_cpu_times[-1]
                 rows.append(
                     {
                         **{f"rollouts_per_s_{m}": rollouts / times[m] for m in METHODS},
                         **{f"rollout_s_{m}": times[m] for m in METHODS},
                         # this size on the new path against the earlier path at the base size, same iteration
                         "ratio_to_base": (rollouts / times["after"]) / (base / times.get("before_base", times["before"])),
+                        "cpu_ratio_to_base": (rollouts / cpu["after"]) / (base / cpu.get("before_base", cpu["before"])),
                         # every rollout played is in the iteration's rollout time; the rest is the training pass
                         "train_tokens_per_s": tokens * args.num_iterations / (last["iteration_time_s"] - last["rollout_time_s"]),
                         "train_s": last["iteration_time_s"] - last["rollout_time_s"],
@@ -176,21 +195,50 @@ def _median(rows: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rows)
 
 
+def report(results: dict[int, dict], args, base_n: int, seconds: float) -> list[str]:
+    """The printed report: the table per size, the parity line, and each size's ratio to the earlier path at the base size."""
+    lines = [
+        f"{ENV_ID}, {TURNS} turns, model {args.model}, {K} rollouts per task, micro-batches of up to {MICRO_BATCH}, "
+        f"1 torch thread, after = cache engine {args.engine}; medians of {args.iterations} iterations ({seconds:.0f} s in all)",
+        f"{'rollouts/iter':>13} {'rollouts/s before':>18} {'after':>8} {'ratio':>6} {'rollout s before':>17} {'after':>6} "
+        f"{'train tok/s':>12} {'train s':>8} {'padding':>8}",
+    ]
+    for n, result in results.items():
+        r = result["iterations"]
+        before, after = _median(r, "rollouts_per_s_before"), _median(r, "rollouts_per_s_after")
+        lines.append(
+            f"{n:>13} {before:>18.1f} {after:>8.1f} {after / before:>6.2f} {_median(r, 'rollout_s_before'):>17.2f} "
+            f"{_median(r, 'rollout_s_after'):>6.2f} {_median(r, 'train_tokens_per_s'):>12.0f} {_median(r, 'train_s'):>8.2f} "
+            f"{_median(r, 'padding_share'):>8.0%}"
+        )
+    same = all(result["same_tokens"] for result in results.values())
+    gap = max(result["max_logprob_gap"] for result in results.values())
+    lines.append(f"same tokens on both paths: {'yes' if same else 'NO'}; largest log-prob difference {gap:.1e}")
+    for n, result in results.items():
+        ratio, cpu = _median(result["iterations"], "ratio_to_base"), _median(result["iterations"], "cpu_ratio_to_base")
+        lines.append(
+            f"rollouts/s at {n} (after) / at {base_n} (before), measured in the same iterations: {ratio:.2f}x "
+            f"(in CPU time: {cpu:.2f}x)"
+        )
+    return lines
+
+
 def run(argv: list[str]) -> dict:
     parser = cli.ArgumentParser(prog="llm_throughput.py", description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[16, 48, 128], help="rollouts per iteration")
     parser.add_argument("--iterations", type=int, default=3, help="counted iterations per size (after one warm-up)")
     parser.add_argument("--model", choices=("tiny", "tiny-random"), default="tiny")
+    parser.add_argument("--engine", choices=("packed", "transformers"), default="packed", help="the after path's cache engine")
     parser.add_argument("--json", help="also write the measured rows here")
+    parser.add_argument("--markdown", help="also write the printed report here")
     args = parser.parse_args(argv)
     bad = [n for n in args.sizes if n < K or n % K]
     if bad:
         raise VcbmGymError(f"--sizes {' '.join(map(str, bad))}: expected multiples of {K} (rollouts per task)")
     cli.check_int(args.iterations, "--iterations", 1)
-    if args.json:
-        target = Path(args.json)
-        if target.is_dir() or not target.parent.is_dir():
-            raise VcbmGymError(f"--json {args.json}: expected a file path in an existing folder")
+    for option, path in (("--json", args.json), ("--markdown", args.markdown)):
+        if path and (Path(path).is_dir() or not Path(path).parent.is_dir()):
+            raise VcbmGymError(f"{option} {path}: expected a file path in an existing folder")
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
@@ -198,31 +246,13 @@ def run(argv: list[str]) -> dict:
     torch.set_num_threads(1)
     start = time.perf_counter()
     base_n = min(args.sizes)
-    results = {n: measure(args.model, n, args.iterations, base_n) for n in args.sizes}
-    print(
-        f"{ENV_ID}, {TURNS} turns, model {args.model}, {K} rollouts per task, micro-batches of up to {MICRO_BATCH}, "
-        f"1 torch thread; medians of {args.iterations} iterations ({time.perf_counter() - start:.0f} s in all)"
-    )
-    print(
-        f"{'rollouts/iter':>13} {'rollouts/s before':>18} {'after':>8} {'ratio':>6} {'rollout s before':>17} {'after':>6} "
-        f"{'train tok/s':>12} {'train s':>8} {'padding':>8}"
-    )
-    for n, result in results.items():
-        r = result["iterations"]
-        before, after = _median(r, "rollouts_per_s_before"), _median(r, "rollouts_per_s_after")
-        print(
-            f"{n:>13} {before:>18.1f} {after:>8.1f} {after / before:>6.2f} {_median(r, 'rollout_s_before'):>17.2f} "
-            f"{_median(r, 'rollout_s_after'):>6.2f} {_median(r, 'train_tokens_per_s'):>12.0f} {_median(r, 'train_s'):>8.2f} "
-            f"{_median(r, 'padding_share'):>8.0%}"
-        )
-    same = all(result["same_tokens"] for result in results.values())
-    gap = max(result["max_logprob_gap"] for result in results.values())
-    print(f"same tokens on both paths: {'yes' if same else 'NO'}; largest log-prob difference {gap:.1e}")
-    for n, result in results.items():
-        ratio = _median(result["iterations"], "ratio_to_base")
-        print(f"rollouts/s at {n} (after) / at {base_n} (before), measured in the same iterations: {ratio:.2f}x")
+    results = {n: measure(args.model, n, args.iterations, base_n, args.engine) for n in args.sizes}
+    lines = report(results, args, base_n, time.perf_counter() - start)
+    print("\n".join(lines))
     if args.json:
         cli.atomic_write_json(args.json, {str(n): result for n, result in results.items()})
+    if args.markdown:
+        cli.atomic_write_text(args.markdown, "# LLM rollout throughput\n\n```\n" + "\n".join(lines) + "\n```\n")
     return results
 
 
