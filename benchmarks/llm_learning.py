@@ -31,10 +31,24 @@ Settings (SETTINGS; `--settings` picks some, `--seeds` and `--iterations` shrink
 TextWatchRepair runs with 2 turns (the decision, then one turn of transport): the return depends
 only on the first turn's decision, and each turn more only lengthens every training sequence.
 
-BUDGET (the default, measured on the 2-core CPU machine with two runs side by side; `--estimate`
-prints this arithmetic for any selection): a run costs its iterations times the setting's measured
-seconds per iteration plus about START_S of process start and model load; the runs are spread over
-`--workers` processes, longest first. See DEFAULT_BUDGET_NOTE for the numbers.
+BUDGET (the default must finish within 90 minutes on 2 idle cores; `--estimate` prints this arithmetic
+for any selection). A run costs START_S (12 s: process start, imports, model load) plus its iterations
+times its setting's CPU seconds per iteration, measured with torch_threads 1 (1.85 s for TextWatchRepair
+with 2 turns, 48 rollouts and 2 epochs; 2.3 s for the 8-station workshop with 16 rollouts and 2 epochs);
+the runs go longest first to `--workers` (2) processes, one core each:
+- twr-paper: 30 runs x (12 s + 85 x 1.85 s) = 84.6 run-minutes (4,080 episodes per run);
+- twr-low: 30 runs x (12 s + 40 x 1.85 s) = 43.0 run-minutes (1,920 episodes per run);
+- workshop-low: 25 runs x (12 s + 40 x 2.3 s) = 43.3 run-minutes (640 episodes per run);
+- 171 run-minutes on 2 workers: about 86 minutes, plus about a minute of resolving configs.
+The tabular arm needs about 1,200 episodes at the paper's noise: 29% of a twr-paper run's budget.
+
+Settings were chosen from pilots of 1-2 seeds (benchmarks/results/llm_learning_pilots/PILOTS.md) before
+any 10-seed run: 48 rollouts per iteration in groups of K = 8 (the paper's batch), 2 epochs per batch
+(one epoch, 3x cheaper per iteration, learnt far less per iteration at both noise levels), learning rate
+1e-3 at noise 0.25 and 5e-4 at noise 1.0 (1e-3 there made vcbm-loop's rate wander down). The workshop
+keeps the zoo's 16 rollouts and gets the budget that is left: in its pilots (2 seeds, 40 iterations;
+one more seed at 60 iterations with one epoch) no method learnt, so its rows are expected to be
+censored; `--settings workshop-low --iterations N` runs it longer.
 
 Runs go to OUT/<setting>/<method>/seed<k>/. A run is reused when its log dir holds a finished
 summary of the same resolved config (train's config hash: algo, env, seed and every hyperparameter,
@@ -77,7 +91,7 @@ from algorithms.common import cli, executor  # noqa: E402
 from algorithms.common.errors import Stopped, VcbmGymError  # noqa: E402
 
 TARGET = 0.9
-START_S = 15.0  # a run's process start, imports and model load (spawned worker), measured
+START_S = 12.0  # CPU seconds of a run's process start, imports, model load and log writing (measured: 11)
 
 
 @dataclass(frozen=True)
@@ -90,8 +104,9 @@ class Setting:
     turns: int  # TextWatchRepair's max_turns, or the workshop's n_stations (one station per turn)
     rollouts: int  # generation_batch_size: rollouts per iteration
     group: int  # num_generations: K rollouts per task (the LOO group)
+    epochs: int  # num_iterations: optimizer steps over each batch
     learning_rate: float
-    seconds_per_iteration: float  # measured: two runs side by side on 2 cores, torch_threads 1
+    seconds_per_iteration: float  # measured CPU seconds of one iteration (torch_threads 1): its wall time on an idle core
 
     def hyperparams(self) -> list[str]:
         key = "max_turns" if self.env_id == "TextWatchRepair-v0" else "n_stations"
@@ -100,17 +115,21 @@ class Setting:
             f"max_turns={self.turns}",
             f"generation_batch_size={self.rollouts}",
             f"num_generations={self.group}",
+            f"num_iterations={self.epochs}",
             f"learning_rate={self.learning_rate}",
         ]
 
 
 TWR_METHODS = ("loop", "vcbm-loop", "trl-grpo")
 ABLATIONS = ("vcbm-loop/no-retrieval", "vcbm-loop/beta0")
+# Chosen from pilots (2 seeds; docs in the module docstring), before any 10-seed run. Seconds per iteration:
+# CPU time per iteration of a single run (1.85 s: TextWatchRepair, 2 turns, 48 rollouts, 2 epochs; 2.3 s: the
+# 8-station workshop, 16 rollouts, 2 epochs), i.e. its wall time when each run has a core of its own.
 SETTINGS = {
-    "twr-low": Setting("TextWatchRepair-v0", 0.25, 40, 10, TWR_METHODS, 2, 48, 8, 1.0e-3, 2.5),
-    "twr-paper": Setting("TextWatchRepair-v0", 1.0, 60, 10, TWR_METHODS, 2, 48, 8, 5.0e-4, 2.5),
-    "workshop-low": Setting("TextWatchWorkshop-v0", 0.25, 40, 5, TWR_METHODS + ABLATIONS, 8, 16, 4, 3.0e-4, 3.7),
-    "twr-noiseless": Setting("TextWatchRepair-v0", 0.0, 40, 10, TWR_METHODS, 2, 48, 8, 1.0e-3, 2.5),
+    "twr-low": Setting("TextWatchRepair-v0", 0.25, 40, 10, TWR_METHODS, 2, 48, 8, 2, 1.0e-3, 1.85),
+    "twr-paper": Setting("TextWatchRepair-v0", 1.0, 85, 10, TWR_METHODS, 2, 48, 8, 2, 5.0e-4, 1.85),
+    "workshop-low": Setting("TextWatchWorkshop-v0", 0.25, 40, 5, TWR_METHODS + ABLATIONS, 8, 16, 4, 2, 1.0e-3, 2.3),
+    "twr-noiseless": Setting("TextWatchRepair-v0", 0.0, 40, 10, TWR_METHODS, 2, 48, 8, 2, 1.0e-3, 1.85),
 }
 DEFAULT_SETTINGS = ("twr-low", "twr-paper", "workshop-low")
 METHODS = TWR_METHODS + ABLATIONS

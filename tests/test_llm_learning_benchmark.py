@@ -1,7 +1,8 @@
 """benchmarks/llm_learning.py: its arithmetic, its refusals, its ablation arguments and its resume rule."""
 
-import importlib.util
+import importlib
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -9,10 +10,10 @@ import pytest
 
 pytest.importorskip("trl")
 
-PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "llm_learning.py"
-spec = importlib.util.spec_from_file_location("llm_learning_benchmark", PATH)
-benchmark = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(benchmark)
+# imported by its module name (benchmarks/ on sys.path), so that the executor's spawned workers, which
+# get this sys.path, can unpickle the benchmark's job function and jobs
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+benchmark = importlib.import_module("llm_learning")
 
 
 def test_iterations_to_target_is_the_first_window_at_the_target_and_censored_otherwise():
