@@ -70,8 +70,6 @@ Outputs in OUT (each written atomically):
 - `run.json`: the command, the git commit, package versions, the warm-start key, wall time, runs reused.
 """
 
-from __future__ import annotations
-
 import argparse
 import json
 import os
@@ -309,35 +307,55 @@ def _p(test: dict) -> str:
     return "undefined (all tied)" if test["p"] is None else f"{test['p']:.3g}"
 
 
-def table(results: dict, window: int) -> str:
+def table(results: dict, window: int, wall_s: float | None = None) -> str:
+    """The markdown tables of results.json's settings (make_results.py renders RESULTS.md with it). Settings
+    written before the comparisons existed (one Mann-Whitney of vcbm-loop against loop) render as they did."""
     lines = [
-        "| setting | noise | budget (iterations) | method | seeds at 90% | iterations to 90% (per seed, * censored) "
-        f"| final optimal rate (mean of last {window}) | s / iteration |",
-        "|---|---|---|---|---|---|---|---|",
+        "| setting | noise | method | seeds at 90% | iterations to 90% (per seed, * censored) | final optimal rate "
+        f"(mean of last {window}) | s / iteration |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         for method, m in r["methods"].items():
             per_seed = ", ".join(f"{n}{'' if ok else '*'}" for n, ok in zip(m["iterations_to_90"], m["reached_90"]))
             lines.append(
-                f"| {name} | {r['noise_scale']} | {r['iterations']} | {method} | {sum(m['reached_90'])}/{m['seeds']} | "
-                f"{per_seed} | {np.mean(m['final_optimal_rate']):.3f} | {m['seconds_per_iteration']:.2f} |"
+                f"| {name} | {r['noise_scale']} | {method} | {sum(m['reached_90'])}/{m['seeds']} | {per_seed} | "
+                f"{np.mean(m['final_optimal_rate']):.3f} | {m['seconds_per_iteration']:.2f} |"
             )
-    lines += [
-        "",
-        "Probability of improvement of vcbm-loop (P(vcbm-loop better) + P(tie) / 2 over independent seeds, percentile "
-        "bootstrap 95% CI) and the Mann-Whitney U test (two-sided, tie-corrected; censored seeds at the budget):",
-        "",
-        "| setting | comparison | P(improvement), iterations to 90% | U, p | P(improvement), final optimal rate | U, p |",
-        "|---|---|---|---|---|---|",
-    ]
+    lines.append("")
+    compared = {name: r for name, r in results.items() if "comparisons" in r}
     for name, r in results.items():
-        for pair, c in r["comparisons"].items():
-            it, final = c["iterations_to_90"], c["final_optimal_rate"]
+        if "mann_whitney_vcbm_vs_loop" in r:
+            mw = r["mann_whitney_vcbm_vs_loop"]
+            p = "undefined (every value tied)" if mw["p"] is None else f"{mw['p']:.3g}"
             lines.append(
-                f"| {name} | {pair} | {_ci(it['probability_of_improvement'])} | {it['mann_whitney']['U']:g}, "
-                f"{_p(it['mann_whitney'])} | {_ci(final['probability_of_improvement'])} | "
-                f"{final['mann_whitney']['U']:g}, {_p(final['mann_whitney'])} |"
+                f"- {name}: Mann-Whitney U (vcbm-loop vs loop, iterations to 90%, censored at the budget) U = {mw['U']}, p = {p}"
             )
+    for name, r in compared.items():
+        lines.append(
+            f"- {name}: {r['env']}, budget {r['iterations']} iterations; hyperparameters {' '.join(r['hyperparameters'])}"
+        )
+    if compared:
+        lines += [
+            "",
+            "Probability of improvement of vcbm-loop (P(vcbm-loop better) + P(tie) / 2 over independent seeds, "
+            "percentile bootstrap 95% CI) and the Mann-Whitney U test (two-sided, tie-corrected; censored seeds "
+            "count at the budget):",
+            "",
+            "| setting | comparison | P(improvement), iterations to 90% | U, p | P(improvement), final optimal rate | U, p |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, r in compared.items():
+            for pair, c in r["comparisons"].items():
+                it, final = c["iterations_to_90"], c["final_optimal_rate"]
+                lines.append(
+                    f"| {name} | {pair} | {_ci(it['probability_of_improvement'])} | {it['mann_whitney']['U']:g}, "
+                    f"{_p(it['mann_whitney'])} | {_ci(final['probability_of_improvement'])} | "
+                    f"{final['mann_whitney']['U']:g}, {_p(final['mann_whitney'])} |"
+                )
+        lines.append("")
+    if wall_s is not None:
+        lines.append(f"- wall time {wall_s / 60:.1f} min")
     return "\n".join(lines) + "\n"
 
 
@@ -530,7 +548,15 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
         by_setting.setdefault(job.setting, {}).setdefault(job.method, []).append(histories[job])
     budgets = {job.setting: len(histories[job]) for job in jobs}
     results = summarise(by_setting, args.window, budgets)
-    payload = {"warm_start": warm_start, "target": TARGET, "window": args.window, "settings": results}
+    payload = {
+        "warm_start": warm_start,
+        "target": TARGET,
+        "window": args.window,
+        "seeds": args.seeds or {name: SETTINGS[name].seeds for name in args.settings},
+        "extra_hyperparams": list(args.hyperparams),
+        "settings": results,
+        "wall_time_s": wall,  # of this invocation: the runs it reused are not counted (run.json says how many)
+    }
     cli.atomic_write_json(out / "results.json", payload)
     from algorithms.common.provenance import command_line, environment_record
 
@@ -546,7 +572,7 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
             **environment_record(),
         },
     )
-    cli.atomic_write_text(out / "results.md", table(results, args.window) + f"\n- wall time {wall / 60:.1f} min\n")
+    cli.atomic_write_text(out / "results.md", table(results, args.window, wall))
     plot(results, out / "curves.png")
     print((out / "results.md").read_text())
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'curves.png'}, {out / 'run.json'}")

@@ -66,7 +66,7 @@ def test_the_no_retrieval_and_beta0_blends_are_loo_on_the_workshop():
     assert np.array_equal(no_retrieval, np.ones(24))
     retrieved = retrieval_weights(step_turn, mask, list(range(8)), keys, keys[3], top_k=6, few_bookmarks="floor")
     assert not np.allclose(retrieved, 1.0)
-    assert np.array_equal(blend(0.7, retrieved, 0.0), np.full((1, 24), 0.7))
+    assert np.array_equal(blend(0.7, retrieved, 0.0), np.full(24, 0.7))
 
 
 @pytest.mark.parametrize(
@@ -92,22 +92,25 @@ def test_bad_input_is_one_error_line_and_writes_nothing(tmp_path, capsys, argv, 
 def test_a_finished_run_is_reused_only_under_the_same_settings(tmp_path):
     out = tmp_path / "out"
     small = ["--settings", "twr-low", "--methods", "loop", "--seeds", "1", "--iterations", "1", "--window", "1"]
-    tiny = ["--hyperparams", "generation_batch_size=4", "num_generations=2", "--out", str(out)]
-    first = benchmark.run([*small, *tiny])
+
+    def tiny(*more):
+        return ["--hyperparams", "generation_batch_size=4", "num_generations=2", *more, "--out", str(out)]
+
+    first = benchmark.run([*small, *tiny()])
     log = out / "twr-low" / "loop" / "seed0"
     stamp = (log / "summary.json").stat().st_mtime_ns
     assert json.loads((out / "run.json").read_text())["runs_reused"] == 0
-    second = benchmark.run([*small, *tiny])
+    second = benchmark.run([*small, *tiny()])
     assert json.loads((out / "run.json").read_text())["runs_reused"] == 1
     assert (log / "summary.json").stat().st_mtime_ns == stamp
-    assert second["settings"] == first["settings"]
-    benchmark.run([*small, *tiny, "learning_rate=1.0e-5"])  # another setting: the run is made again
+    assert second["settings"] == first["settings"]  # the reused run gives the same results
+    benchmark.run([*small, *tiny("learning_rate=1.0e-5")])  # another setting: the run is made again
     assert json.loads((out / "run.json").read_text())["runs_reused"] == 0
     assert (log / "summary.json").stat().st_mtime_ns != stamp
     request = json.loads((log / "request.json").read_text())
     request["warm_start"] = "another-model"
     (log / "request.json").write_text(json.dumps(request))
-    benchmark.run([*small, *tiny, "learning_rate=1.0e-5"])  # a run of another warm-started model is never reused
+    benchmark.run([*small, *tiny("learning_rate=1.0e-5")])  # a run of another warm-started model is never reused
     assert json.loads((out / "run.json").read_text())["runs_reused"] == 0
     for name in ("results.json", "results.md", "curves.png", "run.json"):
         assert (out / name).is_file()
