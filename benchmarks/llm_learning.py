@@ -118,6 +118,7 @@ class Setting:
         ]
 
 
+RATES = ("task_goal_completion", "invalid_turn_rate")
 TWR_METHODS = ("loop", "vcbm-loop", "trl-grpo")
 ABLATIONS = ("vcbm-loop/no-retrieval", "vcbm-loop/beta0")
 # Chosen from pilots (2 seeds; docs in the module docstring), before any 10-seed run. Seconds per iteration:
@@ -374,7 +375,10 @@ def plot(results: dict, path: Path) -> None:
                 c = m["curves"][metric]
                 x = np.arange(1, len(c["mean"]) + 1)
                 ax.plot(x, c["mean"], label=f"{method} ({m['seeds']} seeds)")
-                ax.fill_between(x, c["low"], c["high"], alpha=0.2)
+                low, high = np.asarray(c["low"]), np.asarray(c["high"])
+                if metric in RATES:  # a t-interval of few seeds can leave [0, 1]; a rate cannot
+                    low, high = np.clip(low, 0.0, 1.0), np.clip(high, 0.0, 1.0)
+                ax.fill_between(x, low, high, alpha=0.2)
             if metric == "task_goal_completion":
                 ax.axhline(TARGET, color="grey", lw=0.8, ls="--")
             ax.set_title(f"{name} (noise {results[name]['noise_scale']})" if row == 0 else "")
