@@ -21,8 +21,10 @@ the external baseline), and on the workshop the ablation of the blend's parts
 - `vcbm-loop/beta0`: the zoo's retrieval with blend weight beta = 0 (Eq. 14: the LOO advantage alone).
 
 Both are LOOP's advantage by construction on the workshop (every turn there is a bookmark, so no
-token is left for the weights to favour once retrieval is off): their rows must match `loop`'s up
-to the runs' own randomness, and `vcbm-loop` against them says whether the retrieval does the work.
+token is left for the weights to favour once retrieval is off): their runs are `loop`'s bit for bit
+(same seed, same advantages; seen on 2 seeds x 5 iterations), a check of the blend's implementation,
+and `vcbm-loop` against them says whether retrieval with the blend does the work. They are 10 of the
+default's 85 runs (about 9 of its minutes); `--methods loop vcbm-loop trl-grpo` leaves them out.
 
 Settings (SETTINGS; `--settings` picks some, `--seeds` and `--iterations` shrink them):
 - `twr-low`: TextWatchRepair-v0 at noise 0.25, 10 seeds; `twr-paper`: at the paper's noise 1.0,
@@ -45,7 +47,7 @@ The tabular arm needs about 1,200 episodes at the paper's noise: 29% of a twr-pa
 Settings were chosen from pilots of 1-2 seeds (benchmarks/results/llm_learning_pilots/PILOTS.md) before
 any 10-seed run: 48 rollouts per iteration in groups of K = 8 (the paper's batch), 2 epochs per batch
 (one epoch, 3x cheaper per iteration, learnt far less per iteration at both noise levels), learning rate
-1e-3 at noise 0.25 and 5e-4 at noise 1.0 (1e-3 there made vcbm-loop's rate wander down). The workshop
+1e-3 at noise 0.25 and 5e-4 at noise 1.0 (at 1e-3, pilot p1, vcbm-loop's rate wandered down). The workshop
 keeps the zoo's 16 rollouts and gets the budget that is left: in its pilots (2 seeds, 40 iterations;
 one more seed at 60 iterations with one epoch) no method learnt, so its rows are expected to be
 censored; `--settings workshop-low --iterations N` runs it longer.
