@@ -558,7 +558,7 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
         "warm_start": warm_start,
         "target": TARGET,
         "window": args.window,
-        "seeds": args.seeds or {name: SETTINGS[name].seeds for name in args.settings},
+        "seeds": args.seeds or ", ".join(f"{SETTINGS[name].seeds} ({name})" for name in args.settings),
         "extra_hyperparams": list(args.hyperparams),
         "settings": results,
         "wall_time_s": wall,  # of this invocation: the runs it reused are not counted (run.json says how many)
