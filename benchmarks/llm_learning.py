@@ -1,81 +1,173 @@
-"""Does the LLM arm learn? LOOP, VCBM-blended LOOP and TRL's GRPO on the embedded text envs, many seeds.
+"""Does the LLM arm learn at the paper's noise? LOOP, VCBM-blended LOOP and TRL's GRPO, ten seeds each.
 
-    python benchmarks/llm_learning.py                       # the documented default (about 50 min, 2 cores)
-    python benchmarks/llm_learning.py --settings twr-low    # TextWatchRepair at noise 0.25 (about 16 min)
-    python benchmarks/llm_learning.py --seeds 2 --iterations 10 --settings twr-low   # a quick look
+    python benchmarks/llm_learning.py --out benchmarks/results/llm_learning   # the acceptance table (see BUDGET)
+    python benchmarks/llm_learning.py --settings twr-low --seeds 3 --iterations 20    # a quick look
+    python benchmarks/llm_learning.py --estimate                                      # the budget, without running
 
-Each (setting, method, seed) is one `python -m algorithms.train` run of the warm-started tiny
-model (`--model tiny`, full fine-tuning) with the zoo entry of its env; a setting only changes the
-env's reward noise (`noise_scale`: 1.0 is the paper's noise, 0 none) and the iteration budget. The
-default runs TextWatchRepair without noise and at the paper's noise, and the workshop at 0.25;
-`twr-low` (TextWatchRepair at 0.25) is not in the default only because it does not fit the hour. Methods:
-`loop` (LOO advantage on every token), `vcbm-loop` (VCBM-blended LOOP, the zoo entry's rule) and
-`trl-grpo` (TRL's GRPOTrainer objective with its sequence-level group advantage: the external
-baseline). Runs go to OUT/<setting>/<method>/seed<k>/; a run whose summary exists for the same
-request (the same command line and the same warm-started model, named by its cache key) is reused,
-so an interrupted benchmark resumes where it stopped and never reuses a run of another model.
+Each (setting, method, seed) is one `python -m algorithms.train` run of the warm-started tiny model
+(`--model tiny`, full fine-tuning) with the zoo entry of its env and algo, plus the setting's
+hyperparameters (the same for every method of a setting, so that only the credit differs): the
+env's reward noise (`noise_scale`: 1.0 is the paper's noise, 0 none), its turns, the rollouts per
+iteration (`generation_batch_size`, 48 as in the paper, K = `num_generations` rollouts per task),
+the learning rate and the iteration budget. Methods: `loop` (leave-one-out advantage on every
+token, VCBM paper arXiv:2610.24032 Eq. 6), `vcbm-loop` (VCBM-blended LOOP, Eq. 12-14, the zoo
+entry's rule), `trl-grpo` (TRL's GRPOTrainer objective with its sequence-level group advantage:
+the external baseline), and on the workshop the ablation of the blend's parts
+(vcbm_gym/credit/vcbm_blend.py, arguments beta, tau, top_k, alpha, few_bookmarks):
 
-Outputs in OUT:
+- `vcbm-loop/no-retrieval`: the zoo's blend with top_k = n_stations and few_bookmarks = floor, the
+  paper's rule when an episode has no more bookmarks than top_k: retrieval (Eq. 13's ranking by
+  similarity to the final observation) is skipped and every token weighs alpha, renormalised to 1;
+- `vcbm-loop/beta0`: the zoo's retrieval with blend weight beta = 0 (Eq. 14: the LOO advantage alone).
+
+Both are LOOP's advantage by construction on the workshop (every turn there is a bookmark, so no
+token is left for the weights to favour once retrieval is off): their runs are `loop`'s bit for bit
+(same seed, same advantages; seen on 2 seeds x 5 iterations), a check of the blend's implementation,
+and `vcbm-loop` against them says whether retrieval with the blend does the work. They are 10 of the
+default's 85 runs (about 9 of its minutes); `--methods loop vcbm-loop trl-grpo` leaves them out.
+
+Settings (SETTINGS; `--settings` picks some, `--seeds` and `--iterations` shrink them):
+- `twr-low`: TextWatchRepair-v0 at noise 0.25, 10 seeds; `twr-paper`: at the paper's noise 1.0,
+  10 seeds; `workshop-low`: TextWatchWorkshop-v0 (8 stations, 8 bookmarks, top-k 6) at noise 0.25,
+  5 seeds, with the ablation rows; `twr-noiseless` (not in the default): noise 0.
+TextWatchRepair runs with 2 turns (the decision, then one turn of transport): the return depends
+only on the first turn's decision, and each turn more only lengthens every training sequence.
+
+BUDGET (the default must finish within 90 minutes on 2 idle cores; `--estimate` prints this arithmetic
+for any selection). A run costs START_S (12 s: process start, imports, model load) plus its iterations
+times its setting's CPU seconds per iteration, measured with torch_threads 1 (1.85 s for TextWatchRepair
+with 2 turns, 48 rollouts and 2 epochs; 2.3 s for the 8-station workshop with 16 rollouts and 2 epochs);
+the runs go longest first to `--workers` (2) processes, one core each:
+- twr-paper: 30 runs x (12 s + 85 x 1.85 s) = 84.6 run-minutes (4,080 episodes per run);
+- twr-low: 30 runs x (12 s + 40 x 1.85 s) = 43.0 run-minutes (1,920 episodes per run);
+- workshop-low: 25 runs x (12 s + 40 x 2.3 s) = 43.3 run-minutes (640 episodes per run);
+- 171 run-minutes on 2 workers: about 86 minutes, plus about a minute of resolving configs.
+The tabular arm needs about 1,200 episodes at the paper's noise: 29% of a twr-paper run's budget.
+
+Settings were chosen from pilots of 1-2 seeds (benchmarks/results/llm_learning_pilots/PILOTS.md) before
+any 10-seed run: 48 rollouts per iteration in groups of K = 8 (the paper's batch), 2 epochs per batch
+(one epoch, 3x cheaper per iteration, learnt far less per iteration at both noise levels), learning rate
+1e-3 at noise 0.25 and 5e-4 at noise 1.0 (at 1e-3, pilot p1, vcbm-loop's rate wandered down). The workshop
+keeps the zoo's 16 rollouts and gets the budget that is left: in its pilots (2 seeds, 40 iterations;
+one more seed at 60 iterations with one epoch) no method learnt, so its rows are expected to be
+censored; `--settings workshop-low --iterations N` runs it longer. At the paper's noise the pilots at
+these settings on seeds outside the benchmark's (100, 101; at lr 5e-4 and at 1e-3) reached 90% in 0 of
+8 runs within 85 iterations (one earlier seed was at 0.85 after 60): expect censored twr-paper rows.
+
+Runs go to OUT/<setting>/<method>/seed<k>/. A run is reused when its log dir holds a finished
+summary of the same resolved config (train's config hash: algo, env, seed and every hyperparameter,
+as `algorithms.compare` reuses runs) made with the same warm-started model (its cache key, kept in
+the run's request.json); any other run there is rerun from scratch. So an interrupted benchmark
+resumes where it stopped, and never reuses a run made under other settings or another model.
+
+Outputs in OUT (each written atomically):
 - `results.json`: per setting and method, the per-iteration mean and 95% t-interval across seeds
-  of the optimal-decision rate (the envs' task goal completion: the first decision was the
-  optimal one; undecided episodes count as failures), return, invalid-turn rate and the share of
-  advantage mass on the deciding turns; iterations to reach 90% optimal decisions per seed (the
-  first iteration at which the mean over the last `--window` iterations is >= 0.9; censored at the
-  budget, flagged); a Mann-Whitney U test of vcbm-loop against loop on those iterations; the mean
-  time per iteration.
-- `results.md`: the table; `curves.png`: the learning curves.
+  of the optimal-decision rate (the envs' task goal completion: the first decision was the optimal
+  one; undecided episodes count as failures), return, invalid-turn rate and the share of advantage
+  mass on the deciding turns; per seed, iterations to reach 90% optimal decisions (the first
+  iteration at which the mean over the last `--window` iterations is >= 0.9; censored at the budget
+  and flagged: a censored seed enters every statistic with the budget, a lower bound that favours
+  it) and the final optimal rate (mean of the last `--window` iterations); and, per setting, for
+  vcbm-loop against each other method: the probability of improvement with its percentile-bootstrap
+  95% CI and the Mann-Whitney U test, on both numbers (algorithms.stats, as `algorithms.compare`).
+- `results.md`: the tables; `curves.png`: the learning curves with their 95% intervals;
+- `run.json`: the command, the git commit, package versions, the warm-start key, wall time, runs reused.
 """
-
-from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import shutil
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Sequence
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from algorithms.common import cli  # noqa: E402
+from algorithms.common import cli, executor  # noqa: E402
+from algorithms.common.errors import Stopped, VcbmGymError  # noqa: E402
 
-# name -> (env id, noise_scale, iterations). An iteration of TextWatchRepair with 3 turns takes about
-# 1.1 s on 2 cores (two runs side by side), one of the 8-station workshop about 4 s; the default
-# settings fit 60 minutes there.
+TARGET = 0.9
+START_S = 12.0  # CPU seconds of a run's process start, imports, model load and log writing (measured: 11)
+
+
+@dataclass(frozen=True)
+class Setting:
+    env_id: str
+    noise_scale: float
+    iterations: int
+    seeds: int
+    methods: tuple[str, ...]
+    turns: int  # TextWatchRepair's max_turns, or the workshop's n_stations (one station per turn)
+    rollouts: int  # generation_batch_size: rollouts per iteration
+    group: int  # num_generations: K rollouts per task (the LOO group)
+    epochs: int  # num_iterations: optimizer steps over each batch
+    learning_rate: float
+    seconds_per_iteration: float  # measured CPU seconds of one iteration (torch_threads 1): its wall time on an idle core
+
+    def hyperparams(self) -> list[str]:
+        key = "max_turns" if self.env_id == "TextWatchRepair-v0" else "n_stations"
+        return [
+            f"env_kwargs={{{key}: {self.turns}, noise_scale: {self.noise_scale}}}",
+            f"max_turns={self.turns}",
+            f"generation_batch_size={self.rollouts}",
+            f"num_generations={self.group}",
+            f"num_iterations={self.epochs}",
+            f"learning_rate={self.learning_rate}",
+        ]
+
+
+RATES = ("task_goal_completion", "invalid_turn_rate")
+TWR_METHODS = ("loop", "vcbm-loop", "trl-grpo")
+ABLATIONS = ("vcbm-loop/no-retrieval", "vcbm-loop/beta0")
+# Chosen from pilots (2 seeds; docs in the module docstring), before any 10-seed run. Seconds per iteration:
+# CPU time per iteration of a single run (1.85 s: TextWatchRepair, 2 turns, 48 rollouts, 2 epochs; 2.3 s: the
+# 8-station workshop, 16 rollouts, 2 epochs), i.e. its wall time when each run has a core of its own.
 SETTINGS = {
-    "twr-noiseless": ("TextWatchRepair-v0", 0.0, 100),
-    "twr-low": ("TextWatchRepair-v0", 0.25, 100),
-    "twr-paper": ("TextWatchRepair-v0", 1.0, 50),
-    "workshop-low": ("TextWatchWorkshop-v0", 0.25, 40),
+    "twr-low": Setting("TextWatchRepair-v0", 0.25, 40, 10, TWR_METHODS, 2, 48, 8, 2, 1.0e-3, 1.85),
+    "twr-paper": Setting("TextWatchRepair-v0", 1.0, 85, 10, TWR_METHODS, 2, 48, 8, 2, 5.0e-4, 1.85),
+    "workshop-low": Setting("TextWatchWorkshop-v0", 0.25, 40, 5, TWR_METHODS + ABLATIONS, 8, 16, 4, 2, 1.0e-3, 2.3),
+    "twr-noiseless": Setting("TextWatchRepair-v0", 0.0, 40, 10, TWR_METHODS, 2, 48, 8, 2, 1.0e-3, 1.85),
 }
-DEFAULT_SETTINGS = ("twr-noiseless", "twr-paper", "workshop-low")
-METHODS = ("loop", "vcbm-loop", "trl-grpo")
+DEFAULT_SETTINGS = ("twr-low", "twr-paper", "workshop-low")
+METHODS = TWR_METHODS + ABLATIONS
 METRICS = {
     "task_goal_completion": "optimal-decision rate",
     "mean_return": "return",
     "invalid_turn_rate": "invalid-turn rate",
     "decision_advantage_mass": "advantage mass on deciding turns",
 }
-TARGET = 0.9
 
 
-def _argv(setting: str, method: str, seed: int, iterations: int, log_dir: Path) -> list[str]:
-    env_id, noise, _ = SETTINGS[setting]
-    # TextWatchRepair with 3 turns (decide, then 2 turns of transport) halves the time per iteration
-    # of its default 6 and changes nothing about the decision; the workshop keeps its 8 stations
-    key = "max_turns" if env_id == "TextWatchRepair-v0" else "n_stations"
-    turns = 3 if env_id == "TextWatchRepair-v0" else 8
+def method_argv(method: str, env_id: str, turns: int) -> list[str]:
+    """The algo and the credit arguments of a method (an ablation changes the zoo's vcbm_blend arguments)."""
+    algo = method.partition("/")[0]
+    if algo == method:
+        return ["--algo", algo]
+    from algorithms.common.config import zoo_hyperparams
+
+    blend = dict(zoo_hyperparams("vcbm-loop", env_id)["credit_kwargs"]["vcbm_blend"])
+    if method == "vcbm-loop/no-retrieval":
+        blend.update(top_k=turns, few_bookmarks="floor")  # never more bookmarks than top_k: Eq. 13 is skipped
+    elif method == "vcbm-loop/beta0":
+        blend.update(beta=0.0)
+    else:
+        raise ValueError(f"unknown method {method!r}")
+    inline = ", ".join(f"{k}: {v}" for k, v in blend.items())
+    return ["--algo", algo, "--hyperparams", f"credit_kwargs={{vcbm_blend: {{{inline}}}}}"]
+
+
+def run_argv(setting: Setting, method: str, seed: int, iterations: int, log_dir: Path, extra: Sequence[str]) -> list[str]:
+    """The `algorithms.train` command line of one run."""
     return [
-        "--algo",
-        method,
+        *method_argv(method, setting.env_id, setting.turns),
         "--env",
-        env_id,
+        setting.env_id,
         "--seed",
         str(seed),
         "--model",
@@ -86,38 +178,53 @@ def _argv(setting: str, method: str, seed: int, iterations: int, log_dir: Path) 
         "--log-dir",
         str(log_dir),
         "--hyperparams",
-        f"env_kwargs={{{key}: {turns}, noise_scale: {noise}}}",
+        *setting.hyperparams(),
+        *extra,
     ]
 
 
-def _one_run(argv: list[str], log_dir: str, warm_start: str) -> dict:
-    """Train one run (in a worker process) unless its summary exists for this exact request."""
-    log = Path(log_dir)
-    request = log / "request.json"
-    record = {"argv": argv, "warm_start": warm_start}
-    if (log / "summary.json").is_file() and (log / "history.json").is_file() and request.is_file():
-        if json.loads(request.read_text()) == record:
-            return {"history": json.loads((log / "history.json").read_text()), "reused": True}
+@dataclass(frozen=True)
+class Job:
+    setting: str
+    method: str
+    seed: int
+    argv: tuple[str, ...]
+    log_dir: str
+    warm_start: str
+    cost_s: float
+
+
+def finished_history(job: Job) -> tuple[list[dict] | None, str]:
+    """(history, "") when job.log_dir holds a finished run of exactly this config and warm-start, else (None, why not)."""
+    from algorithms.train import finished_summary, resolve_argv
+
+    log = Path(job.log_dir)
+    summary, why = finished_summary(log, resolve_argv(list(job.argv)))
+    if summary is None:
+        return None, why
+    try:
+        request = json.loads((log / "request.json").read_text())
+        history = json.loads((log / "history.json").read_text())
+    except (OSError, ValueError):
+        return None, "no request.json or history.json"
+    if request.get("warm_start") != job.warm_start:
+        return None, f"made with warm-start {request.get('warm_start')!r}"
+    return history, ""
+
+
+def train_one(job: Job) -> None:
+    """One job of the executor (a spawned process): train the run into its log dir, replacing what is there."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import contextlib
     import io
 
     from algorithms.train import run
 
+    log = Path(job.log_dir)
     shutil.rmtree(log, ignore_errors=True)  # never let an old result stand beside a new request
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        run(argv)
-    cli.atomic_write_text(request, json.dumps(record))  # written last: a run is complete only with its request record
-    return {"history": json.loads((log / "history.json").read_text()), "reused": False}
-
-
-def worker_pool(workers: int) -> ProcessPoolExecutor:
-    """Worker processes that are spawned, not forked.
-
-    A child forked after this process ran a multi-threaded torch op (it trains the warm-start when
-    the cache is cold) inherits a dead OpenMP thread pool and hangs in its first multi-threaded op.
-    """
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        run(list(job.argv))
+    cli.atomic_write_json(log / "request.json", {"argv": list(job.argv), "warm_start": job.warm_start})
 
 
 def iterations_to_target(rates: np.ndarray, window: int, target: float = TARGET) -> tuple[int, bool]:
@@ -139,16 +246,44 @@ def mean_ci(curves: np.ndarray) -> tuple[list[float], list[float], list[float]]:
     return mean.tolist(), (mean - half).tolist(), (mean + half).tolist()
 
 
-def summarise(histories: dict, window: int) -> dict:
-    from algorithms.stats import mann_whitney
+def comparisons(methods: dict[str, dict]) -> dict[str, dict]:
+    """vcbm-loop against every other method: probability of improvement (bootstrap 95% CI) and Mann-Whitney U,
+    on iterations to 90% (lower is better, censored at the budget) and on the final optimal rate."""
+    from algorithms.stats import improvement_estimate, mann_whitney
 
+    out = {}
+    if "vcbm-loop" not in methods:
+        return out
+    mine = methods["vcbm-loop"]
+    for other, theirs in methods.items():
+        if other == "vcbm-loop":
+            continue
+        out[f"vcbm-loop vs {other}"] = {
+            "iterations_to_90": {
+                "probability_of_improvement": improvement_estimate(
+                    mine["iterations_to_90"], theirs["iterations_to_90"], lower_is_better=True
+                ),
+                "mann_whitney": mann_whitney(mine["iterations_to_90"], theirs["iterations_to_90"]),
+            },
+            "final_optimal_rate": {
+                "probability_of_improvement": improvement_estimate(
+                    mine["final_optimal_rate"], theirs["final_optimal_rate"], lower_is_better=False
+                ),
+                "mann_whitney": mann_whitney(mine["final_optimal_rate"], theirs["final_optimal_rate"]),
+            },
+        }
+    return out
+
+
+def summarise(histories: dict[str, dict[str, list]], window: int, budgets: dict[str, int]) -> dict:
     out: dict = {}
-    for setting, by_method in histories.items():
-        out[setting] = {"env": SETTINGS[setting][0], "noise_scale": SETTINGS[setting][1], "methods": {}}
+    for name, by_method in histories.items():
+        setting = SETTINGS[name]
+        methods: dict[str, dict] = {}
         for method, runs in by_method.items():
-            curves = {m: np.array([[h.get(m, np.nan) for h in run] for run in runs]) for m in METRICS}
+            curves = {m: np.array([[h.get(m, np.nan) for h in run] for run in runs], dtype=float) for m in METRICS}
             hits = [iterations_to_target(curves["task_goal_completion"][k], window) for k in range(len(runs))]
-            out[setting]["methods"][method] = {
+            methods[method] = {
                 "seeds": len(runs),
                 "curves": {m: dict(zip(("mean", "low", "high"), mean_ci(c))) for m, c in curves.items()},
                 "iterations_to_90": [n for n, _ in hits],
@@ -156,37 +291,76 @@ def summarise(histories: dict, window: int) -> dict:
                 "final_optimal_rate": [float(c[-window:].mean()) for c in curves["task_goal_completion"]],
                 "seconds_per_iteration": float(np.mean([h["iteration_time_s"] for run in runs for h in run])),
             }
-        methods = out[setting]["methods"]
-        if "loop" in methods and "vcbm-loop" in methods:
-            out[setting]["mann_whitney_vcbm_vs_loop"] = mann_whitney(
-                methods["vcbm-loop"]["iterations_to_90"], methods["loop"]["iterations_to_90"]
-            )
+        out[name] = {
+            "env": setting.env_id,
+            "noise_scale": setting.noise_scale,
+            "iterations": budgets[name],
+            "hyperparameters": setting.hyperparams(),
+            "methods": methods,
+            "comparisons": comparisons(methods),
+        }
     return out
 
 
-def table(results: dict, window: int, wall_s: float) -> str:
+def _ci(estimate: dict) -> str:
+    if estimate["ci_low"] is None:
+        return f"{estimate['estimate']:.2f}"
+    return f"{estimate['estimate']:.2f} [{estimate['ci_low']:.2f}, {estimate['ci_high']:.2f}]"
+
+
+def _p(test: dict) -> str:
+    return "undefined (all tied)" if test["p"] is None else f"{test['p']:.3g}"
+
+
+def table(results: dict, window: int, wall_s: float | None = None) -> str:
+    """The markdown tables of results.json's settings (make_results.py renders RESULTS.md with it). Settings
+    written before the comparisons existed (one Mann-Whitney of vcbm-loop against loop) render as they did."""
     lines = [
         "| setting | noise | method | seeds at 90% | iterations to 90% (per seed, * censored) | final optimal rate "
         f"(mean of last {window}) | s / iteration |",
         "|---|---|---|---|---|---|---|",
     ]
-    for setting, r in results.items():
+    for name, r in results.items():
         for method, m in r["methods"].items():
             per_seed = ", ".join(f"{n}{'' if ok else '*'}" for n, ok in zip(m["iterations_to_90"], m["reached_90"]))
             lines.append(
-                f"| {setting} | {r['noise_scale']} | {method} | {sum(m['reached_90'])}/{m['seeds']} | {per_seed} | "
+                f"| {name} | {r['noise_scale']} | {method} | {sum(m['reached_90'])}/{m['seeds']} | {per_seed} | "
                 f"{np.mean(m['final_optimal_rate']):.3f} | {m['seconds_per_iteration']:.2f} |"
             )
     lines.append("")
-    for setting, r in results.items():
+    compared = {name: r for name, r in results.items() if "comparisons" in r}
+    for name, r in results.items():
         if "mann_whitney_vcbm_vs_loop" in r:
             mw = r["mann_whitney_vcbm_vs_loop"]
             p = "undefined (every value tied)" if mw["p"] is None else f"{mw['p']:.3g}"
             lines.append(
-                f"- {setting}: Mann-Whitney U (vcbm-loop vs loop, iterations to 90%, censored at the budget) "
-                f"U = {mw['U']}, p = {p}"
+                f"- {name}: Mann-Whitney U (vcbm-loop vs loop, iterations to 90%, censored at the budget) U = {mw['U']}, p = {p}"
             )
-    lines.append(f"- wall time {wall_s / 60:.1f} min")
+    for name, r in compared.items():
+        lines.append(
+            f"- {name}: {r['env']}, budget {r['iterations']} iterations; hyperparameters {' '.join(r['hyperparameters'])}"
+        )
+    if compared:
+        lines += [
+            "",
+            "Probability of improvement of vcbm-loop (P(vcbm-loop better) + P(tie) / 2 over independent seeds, "
+            "percentile bootstrap 95% CI) and the Mann-Whitney U test (two-sided, tie-corrected; censored seeds "
+            "count at the budget):",
+            "",
+            "| setting | comparison | P(improvement), iterations to 90% | U, p | P(improvement), final optimal rate | U, p |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, r in compared.items():
+            for pair, c in r["comparisons"].items():
+                it, final = c["iterations_to_90"], c["final_optimal_rate"]
+                lines.append(
+                    f"| {name} | {pair} | {_ci(it['probability_of_improvement'])} | {it['mann_whitney']['U']:g}, "
+                    f"{_p(it['mann_whitney'])} | {_ci(final['probability_of_improvement'])} | "
+                    f"{final['mann_whitney']['U']:g}, {_p(final['mann_whitney'])} |"
+                )
+        lines.append("")
+    if wall_s is not None:
+        lines.append(f"- wall time {wall_s / 60:.1f} min")
     return "\n".join(lines) + "\n"
 
 
@@ -196,103 +370,225 @@ def plot(results: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    settings = list(results)
-    fig, axes = plt.subplots(len(METRICS), len(settings), figsize=(4.5 * len(settings), 2.6 * len(METRICS)), squeeze=False)
-    for col, setting in enumerate(settings):
+    names = list(results)
+    fig, axes = plt.subplots(len(METRICS), len(names), figsize=(4.8 * len(names), 2.6 * len(METRICS)), squeeze=False)
+    for col, name in enumerate(names):
         for row, (metric, label) in enumerate(METRICS.items()):
             ax = axes[row][col]
-            for method, m in results[setting]["methods"].items():
+            for method, m in results[name]["methods"].items():
                 c = m["curves"][metric]
                 x = np.arange(1, len(c["mean"]) + 1)
-                ax.plot(x, c["mean"], label=method)
-                ax.fill_between(x, c["low"], c["high"], alpha=0.2)
+                ax.plot(x, c["mean"], label=f"{method} ({m['seeds']} seeds)")
+                low, high = np.asarray(c["low"]), np.asarray(c["high"])
+                if metric in RATES:  # a t-interval of few seeds can leave [0, 1]; a rate cannot
+                    low, high = np.clip(low, 0.0, 1.0), np.clip(high, 0.0, 1.0)
+                ax.fill_between(x, low, high, alpha=0.2)
             if metric == "task_goal_completion":
                 ax.axhline(TARGET, color="grey", lw=0.8, ls="--")
-            ax.set_title(f"{setting} (noise {results[setting]['noise_scale']})" if row == 0 else "")
+            ax.set_title(f"{name} (noise {results[name]['noise_scale']})" if row == 0 else "")
             ax.set_ylabel(label if col == 0 else "")
             ax.set_xlabel("iteration" if row == len(METRICS) - 1 else "")
-    axes[0][0].legend(fontsize=8)
+        axes[0][col].legend(fontsize=7)
+    fig.suptitle("mean across seeds with 95% t-intervals", fontsize=9)
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=110)
     os.replace(tmp, path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS), choices=list(SETTINGS))
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--iterations", type=int, default=None, help="override every setting's budget")
+def plan(settings: Sequence[str], seeds: int | None, iterations: int | None, methods: Sequence[str] | None):
+    """(setting, method, seed, budget, cost_s) of every run selected, longest first."""
+    rows = []
+    for name in settings:
+        setting = SETTINGS[name]
+        budget = iterations or setting.iterations
+        for method in setting.methods:
+            if methods and method not in methods:
+                continue
+            for seed in range(seeds or setting.seeds):
+                rows.append((name, method, seed, budget, START_S + budget * setting.seconds_per_iteration))
+    return sorted(rows, key=lambda row: -row[4])
+
+
+def makespan(costs: Sequence[float], workers: int) -> float:
+    """Wall time of runs of these costs on `workers` processes, each run started when a worker frees (longest first)."""
+    free = [0.0] * workers
+    for cost in sorted(costs, reverse=True):
+        free[free.index(min(free))] += cost
+    return max(free)
+
+
+def estimate_text(rows: list, workers: int) -> str:
+    lines = []
+    for name in dict.fromkeys(row[0] for row in rows):
+        mine = [row for row in rows if row[0] == name]
+        s = SETTINGS[name]
+        lines.append(
+            f"{name}: {len(mine)} runs x ({START_S:.0f} s + {mine[0][3]} iterations x {s.seconds_per_iteration} s) = "
+            f"{sum(r[4] for r in mine) / 60:.1f} run-minutes ({s.rollouts} rollouts/iteration: "
+            f"{mine[0][3] * s.rollouts} episodes per run)"
+        )
+    total = sum(row[4] for row in rows)
+    lines.append(
+        f"total {total / 60:.1f} run-minutes on {workers} workers: about {makespan([r[4] for r in rows], workers) / 60:.0f} min"
+    )
+    return "\n".join(lines)
+
+
+DEFAULT_BUDGET_NOTE = estimate_text(plan(DEFAULT_SETTINGS, None, None, None), 2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.ArgumentParser(prog="python benchmarks/llm_learning.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS), help=f"of: {', '.join(SETTINGS)}")
+    parser.add_argument("--methods", nargs="+", default=None, help=f"a subset of: {', '.join(METHODS)}")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per method (default: each setting's)")
+    parser.add_argument("--iterations", type=int, default=None, help="every setting's budget (default: each setting's)")
+    parser.add_argument("--hyperparams", nargs="*", default=[], metavar="KEY=VALUE", help="more train overrides, every run")
     parser.add_argument("--window", type=int, default=5, help="iterations averaged for the 90%% criterion")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", default="runs/llm_learning")
-    args = parser.parse_args(argv)
-    if args.seeds < 1 or args.workers < 1 or args.window < 1 or (args.iterations is not None and args.iterations < args.window):
-        parser.error(
-            f"--seeds {args.seeds}, --workers {args.workers}, --window {args.window}, --iterations "
-            f"{args.iterations}: expected positive numbers and iterations >= window"
-        )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    parser.add_argument("--estimate", action="store_true", help="print the runs' time budget and exit")
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every argument checked before anything is written."""
+    for name in args.settings:
+        if name not in SETTINGS:
+            raise VcbmGymError(f"--settings {name!r}: expected some of {', '.join(SETTINGS)}")
+    for method in args.methods or ():
+        if method not in METHODS:
+            raise VcbmGymError(f"--methods {method!r}: expected some of {', '.join(METHODS)}")
+    cli.check_int(args.workers, "--workers", 1)
+    cli.check_int(args.window, "--window", 1)
+    if args.seeds is not None:
+        cli.check_int(args.seeds, "--seeds", 1)
+    if args.iterations is not None:
+        cli.check_int(args.iterations, "--iterations", args.window)
+    for name in args.settings:
+        if not any(not args.methods or m in args.methods for m in SETTINGS[name].methods):
+            raise VcbmGymError(f"--methods {' '.join(args.methods)}: none of them runs in setting {name!r}")
+    from algorithms.common.config import parse_overrides
+    from algorithms.train import resolve_argv
+
+    try:
+        parse_overrides(args.hyperparams)
+    except Exception as exc:  # the parser's own error names the bad item
+        raise VcbmGymError(f"--hyperparams: {exc}") from None
+    for name in args.settings:  # one dry resolve per setting and method: a bad override fails here, not in a worker
+        setting = SETTINGS[name]
+        for method in setting.methods:
+            if not args.methods or method in args.methods:
+                resolve_argv(
+                    run_argv(setting, method, 0, args.iterations or setting.iterations, Path("unused"), args.hyperparams)
+                )
+    cli.check_output_dir(args.out, "--out")
+
+
+def run(argv: Sequence[str]) -> dict[str, Any]:
+    args = build_parser().parse_args(list(argv))
+    check_args(args)
+    rows = plan(args.settings, args.seeds, args.iterations, args.methods)
+    print(estimate_text(rows, args.workers), flush=True)
+    if args.estimate:
+        return {}
+    out = cli.output_dir(args.out, "--out")
     start = time.perf_counter()
 
     from algorithms.llm.warm_start import cached_warm_start
 
     warm_start = cached_warm_start().name  # built once, before the workers need it; its name is its key
+    jobs = [
+        Job(
+            name,
+            method,
+            seed,
+            tuple(run_argv(SETTINGS[name], method, seed, budget, out / name / method / f"seed{seed}", args.hyperparams)),
+            str(out / name / method / f"seed{seed}"),
+            warm_start,
+            cost,
+        )
+        for name, method, seed, budget, cost in rows
+    ]
+    histories: dict[Job, list] = {}
+    stale = []
+    for job in jobs:
+        history, why = finished_history(job)
+        if history is not None:
+            histories[job] = history
+        elif why != "new":
+            stale.append(f"{job.setting} {job.method} seed {job.seed}: {why}")
+    reused = len(histories)
+    todo = [job for job in jobs if job not in histories]
+    print(f"reusing {reused} finished run(s) of the same config; {len(todo)} to run", flush=True)
+    if stale:
+        print(f"rerunning {len(stale)} run(s): " + "; ".join(stale[:3]) + (" ..." if len(stale) > 3 else ""), flush=True)
+    failures: list[str] = []
 
-    jobs = {}
-    for setting in args.settings:
-        budget = args.iterations or SETTINGS[setting][2]
-        for method in args.methods:
-            for seed in range(args.seeds):
-                log = out / setting / method / f"seed{seed}"
-                jobs[(setting, method, seed)] = (_argv(setting, method, seed, budget, log), str(log), warm_start)
-    histories: dict = {s: {m: [None] * args.seeds for m in args.methods} for s in args.settings}
-    runs_reused = 0
-    with worker_pool(args.workers) as pool:
-        futures = {pool.submit(_one_run, *job): key for key, job in jobs.items()}
-        for done, future in enumerate(as_completed(futures), 1):
-            setting, method, seed = futures[future]
-            result = future.result()
-            histories[setting][method][seed] = result["history"]
-            runs_reused += result["reused"]
-            final = result["history"][-1].get("task_goal_completion", float("nan"))
-            print(
-                f"[{done}/{len(jobs)}] {setting} {method} seed {seed}: final optimal rate {final:.2f}"
-                f"{' (reused)' if result['reused'] else ''}",
-                flush=True,
-            )
+    def finished(job: Job, result: Any, error: str | None) -> None:
+        history, why = finished_history(job) if error is None else (None, error)
+        if history is None:
+            failures.append(f"{job.setting} {job.method} seed {job.seed}: {why}")
+            return
+        histories[job] = history
+        rate = history[-1].get("task_goal_completion", float("nan"))
+        print(
+            f"[{len(histories) - reused}/{len(todo)}] {job.setting} {job.method} seed {job.seed}: "
+            f"final optimal rate {rate:.2f} ({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
+
+    with executor.sigterm_stops():
+        try:
+            executor.run_jobs(train_one, todo, workers=args.workers, finished=finished)
+        except executor.STOPS as exc:
+            signame, code = executor.stop_of(exc)
+            raise Stopped(
+                f"{signame}: {len(histories)} of {len(jobs)} run(s) kept; rerun the same command to continue", code
+            ) from None
+    if failures:
+        raise VcbmGymError(f"{len(failures)} run(s) failed (finished ones are kept): " + "; ".join(failures))
     wall = time.perf_counter() - start
-    results = summarise(histories, args.window)
+
+    by_setting: dict[str, dict[str, list]] = {}
+    for job in sorted(jobs, key=lambda j: (list(SETTINGS).index(j.setting), METHODS.index(j.method), j.seed)):
+        by_setting.setdefault(job.setting, {}).setdefault(job.method, []).append(histories[job])
+    budgets = {job.setting: len(histories[job]) for job in jobs}
+    results = summarise(by_setting, args.window, budgets)
     payload = {
         "warm_start": warm_start,
-        "settings": results,
-        "seeds": args.seeds,
-        "window": args.window,
         "target": TARGET,
-        "wall_time_s": wall,
+        "window": args.window,
+        "seeds": args.seeds or ", ".join(f"{SETTINGS[name].seeds} ({name})" for name in args.settings),
+        "extra_hyperparams": list(args.hyperparams),
+        "settings": results,
+        "wall_time_s": wall,  # of this invocation: the runs it reused are not counted (run.json says how many)
     }
     cli.atomic_write_json(out / "results.json", payload)
-    from algorithms.common.provenance import environment_record
+    from algorithms.common.provenance import command_line, environment_record
 
-    command = " ".join(["python", "benchmarks/llm_learning.py", *(sys.argv[1:] if argv is None else argv)])
     cli.atomic_write_json(
         out / "run.json",
         {
-            "command": command,
+            "command": command_line("python benchmarks/llm_learning.py", argv),
             "wall_time_s": wall,
             "warm_start": warm_start,
             "runs": len(jobs),
-            "runs_reused": runs_reused,
+            "runs_reused": reused,
+            "extra_hyperparams": list(args.hyperparams),
             **environment_record(),
         },
     )
-    (out / "results.md").write_text(table(results, args.window, wall))
+    cli.atomic_write_text(out / "results.md", table(results, args.window, wall))
     plot(results, out / "curves.png")
     print((out / "results.md").read_text())
-    print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'curves.png'}")
-    return 0
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'curves.png'}, {out / 'run.json'}")
+    return payload
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.main(run, argv)
 
 
 if __name__ == "__main__":
