@@ -100,10 +100,6 @@ def check_env_id(env_id: str) -> None:
         )
 
 
-# Transitional name of RunSpec (compare imports it until it moves to RunSpec)
-ResolvedRun = RunSpec
-
-
 def config_diff(old: dict[str, Any], new: dict[str, Any], limit: int = 3) -> str:
     """'max_episodes 60 -> 70, ...': the first differing settings of two identities."""
     flat_old = {**{k: v for k, v in old.items() if k != "hyperparams"}, **(old.get("hyperparams") or {})}
@@ -126,7 +122,7 @@ def summary_checksum(summary: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json({k: v for k, v in summary.items() if k != "checksum"}).encode()).hexdigest()
 
 
-def finished_summary(log_dir: Path, run: ResolvedRun) -> tuple[dict[str, Any] | None, str]:
+def finished_summary(log_dir: Path, run: RunSpec) -> tuple[dict[str, Any] | None, str]:
     """(summary, "") if log_dir holds a finished run of exactly this config, else (None, why not)."""
     log_dir = Path(log_dir)
     path = log_dir / "summary.json"
@@ -182,7 +178,8 @@ def resolve(args: argparse.Namespace, arm: Arm) -> RunSpec:
 
 
 def resolve_argv(argv: Sequence[str]) -> RunSpec:
-    """Transitional: the run a command line would train (compare, tune, suite move to resolve_spec)."""
+    """The run a train command line describes, without running it (benchmarks that keep their runs as
+    command lines key reuse on it; compare, tune and suite build RunSpecs in memory with resolve_spec)."""
     args, arm = parse(list(argv))
     return resolve(args, arm)
 

@@ -89,8 +89,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from algorithms.common import cli, executor  # noqa: E402
+from algorithms.common import cli  # noqa: E402
 from algorithms.common.errors import Stopped, VcbmGymError  # noqa: E402
+from algorithms.experiment import executor  # noqa: E402
 
 TARGET = 0.9
 START_S = 12.0  # CPU seconds of a run's process start, imports, model load and log writing (measured: 11)

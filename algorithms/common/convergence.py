@@ -158,7 +158,7 @@ class EpisodeOutcomes:
         return out
 
     def progress(self, episode_return: float) -> dict[str, float]:
-        """What RunContext.report gets after an episode: its return, and the correct-decision moving average
+        """What RunOptions.report gets after an episode: its return, and the correct-decision moving average
         as `correct_rate` when the env reports `first_decision_optimal` (tune prunes on it; plot draws it)."""
         out = {"return": float(episode_return)}
         if self.has_criterion:

@@ -118,8 +118,8 @@ class Arm(ABC):
         return NO_CREDIT
 
     def method_label(self, algo: str, credit: str | None) -> str:
-        """`algo`, or `algo+rule` when the run's credit rule is not the algorithm's default."""
-        return algo if credit in (None, NO_CREDIT, self.default_credit(algo)) else f"{algo}+{credit}"
+        """`algo`, or `algo+rule` when the run's credit rule is not the algorithm's default (`loop+none` too)."""
+        return algo if credit is None or credit == self.default_credit(algo) else f"{algo}+{credit}"
 
     def credit_misfit(self, name: str) -> str | None:
         """Why credit rule `name` cannot run in this arm (one line), or None; imports that rule's module only."""

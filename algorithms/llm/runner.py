@@ -59,18 +59,12 @@ from typing import Any
 from algorithms.common import cli
 from algorithms.common.config import make_env
 from algorithms.common.errors import ConfigError, VcbmGymError
-from algorithms.common.spec import Arm, Objective, RunOptions, RunSpec
+from algorithms.common.spec import ITERATIONS, Arm, RunOptions, RunSpec
 from algorithms.llm import resolve as resolving
 from algorithms.llm.config import DEFAULT_CREDIT, INFO_STAND_INS, LLM_BATCH_PROVIDES, TINY_MODELS, LLMConfig
 from vcbm_gym.contract import NEEDS, require_info
 from vcbm_gym.credit.base import RULES, rule_class
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES
-
-ITERATIONS = Objective(
-    "maximize",
-    "task goal completion (optimal-decision rate), mean of the last --final-window iterations and the seeds",
-    "task goal completion of the iteration",
-)
 
 
 def info_needs(credit: str | None, ratio_sharing: str) -> dict[str, str]:
