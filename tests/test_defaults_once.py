@@ -30,8 +30,6 @@ SCANNED = (
     "algorithms/credit_fidelity.py",
     "algorithms/registry.py",
 )
-# The experiment commands' job runner: its defaults are labels and limits of compare, tune and suite.
-NOT_SCANNED = {"algorithms/common/executor.py"}
 
 # name -> {(file, owner): why this place's default is not the same setting as the others'}
 LEGITIMATE: dict[str, dict[tuple[str, str], str]] = {
@@ -167,7 +165,7 @@ def scanned_files(root: Path) -> list[Path]:
     for entry in SCANNED:
         path = root / entry
         files += sorted(path.rglob("*.py")) if path.is_dir() else [path]
-    return [path for path in files if path.relative_to(root).as_posix() not in NOT_SCANNED]
+    return files
 
 
 def duplicated_defaults(root: Path) -> dict[str, list[tuple[str, str, object]]]:
