@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# The credit rules, the env contract, and the tabular and SB3 arms with what they share. The LLM arm
-# (algorithms/llm) and the experiment commands (compare, tune, plot, suite, stats) are not scanned yet.
+# The credit rules, the env contract, and the three arms with what they share. The experiment commands
+# (algorithms/experiment: compare, tune, plot, suite, stats) are not scanned: their defaults are command
+# options (workers, windows, resamples), not a run's hyperparameters.
 SCANNED = (
     "vcbm_gym",
     "algorithms/common",
@@ -29,6 +30,7 @@ SCANNED = (
     "algorithms/evaluate.py",
     "algorithms/credit_fidelity.py",
     "algorithms/registry.py",
+    "algorithms/llm",
 )
 
 # name -> {(file, owner): why this place's default is not the same setting as the others'}
@@ -59,6 +61,8 @@ LEGITIMATE: dict[str, dict[tuple[str, str], str]] = {
         ("algorithms/tabular/vcbm_batch.py", "run_batch"): "seeds per numpy batch",
     },
     "learning_rate": {
+        ("algorithms/llm/config.py", "LoopConfig"): "LOOP's optimizer (Sec. V-B)",
+        ("algorithms/llm/warm_start.py", "WarmStartConfig"): "the format warm-start's SFT",
         ("vcbm_gym/credit/rudder.py", "RudderLSTMConfig"): "RUDDER's LSTM",
         ("vcbm_gym/credit/rrd.py", "RRDConfig"): "RRD's reward model",
     },
@@ -84,6 +88,8 @@ LEGITIMATE: dict[str, dict[tuple[str, str], str]] = {
         ("vcbm_gym/credit/set_credit.py", "CASIShapingRule.__init__"): "CASI's coalition rule (shapley), not a run's credit rule",
     },
     "seed": {
+        ("algorithms/llm/tiny.py", "build_tiny_model"): "a seed",
+        ("algorithms/llm/tiny.py", "build_tiny"): "a seed",
         ("vcbm_gym/contract.py", "check_contract"): "a seed, not a hyperparameter: every seeded object starts from 0",
         ("vcbm_gym/credit/rudder.py", "GatelessLSTM.__init__"): "a seed",
         ("vcbm_gym/credit/model_training.py", "LessonBuffer.__init__"): "a seed",
@@ -97,6 +103,37 @@ LEGITIMATE: dict[str, dict[tuple[str, str], str]] = {
     },
     "window": {
         ("algorithms/common/convergence.py", "EpisodeOutcomes.__init__"): "the moving window of returns",
+    },
+    "weight_decay": {
+        ("vcbm_gym/credit/rudder.py", "RudderLSTMConfig"): "RUDDER's LSTM",
+        ("algorithms/llm/config.py", "LoopConfig"): "LOOP's optimizer (Sec. V-B)",
+    },
+    "epsilon": {
+        ("algorithms/llm/config.py", "LoopConfig"): "Eq. 8's PPO clip range, not an exploration rate",
+    },
+    "max_steps": {
+        ("algorithms/llm/warm_start.py", "WarmStartConfig"): "the warm-start's SFT optimizer steps, not probe steps",
+    },
+    "hidden_size": {
+        ("vcbm_gym/credit/rudder.py", "RudderLSTMConfig"): "RUDDER's LSTM width, not a language model's",
+        ("algorithms/llm/warm_start.py", "WarmStartConfig"): "the warm-started tiny model's width (128), not the untrained one's",
+    },
+    "tie_embeddings": {
+        ("algorithms/llm/warm_start.py", "WarmStartConfig"): "the warm-started model unties its output layer",
+    },
+    "torch_threads": {
+        ("algorithms/sb3/runner.py", "SB3RunConfig"): "SB3's small networks: one thread",
+        ("algorithms/llm/config.py", "LoopRunConfig"): "0: torch's own default for the LLM arm",
+    },
+    "iterations": {
+        ("algorithms/credit_fidelity.py", "train_comparison"): "the fidelity benchmark's REINFORCE iterations",
+        ("algorithms/llm/config.py", "LoopRunConfig"): "LOOP iterations of a run",
+    },
+    "one_shot": {
+        ("algorithms/llm/warm_start.py", "tiny_system_prompt"): "the tiny model's prompt has no one-shot example",
+    },
+    "episodes_per_env": {
+        ("algorithms/llm/tiny.py", "_played_texts"): "the tokenizer's vocabulary sample, not the warm-start's data",
     },
     "mode": {
         ("vcbm_gym/credit/empo.py", "effect_cell_ids"): "EMPO's cell key",

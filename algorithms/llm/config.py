@@ -35,6 +35,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from algorithms.common.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, Validated
+from algorithms.llm.prompting import WITH_ONE_SHOT
 from vcbm_gym.credit.base import CreditRule
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES as RATIO_SHARING
 
@@ -193,7 +194,7 @@ class MultiTurnGRPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "bound on an episode's prompt + completion tokens (None: the model's context length)"},
     )
-    one_shot: bool = field(default=True, metadata={"help": "include the one-shot ReAct example"})
+    one_shot: bool = field(default=WITH_ONE_SHOT, metadata={"help": "include the one-shot ReAct example"})
     system_prompt: str | None = field(
         default=None,
         metadata={"help": "module:function(one_shot) -> an env's own ReAct prompt (None: the generic one)"},

@@ -27,7 +27,7 @@ def kl_old_new(logp_old: torch.Tensor, logp_new: torch.Tensor, mask: torch.Tenso
     return ((torch.exp(log_r) - 1.0 - log_r) * mask).sum(-1)
 
 
-def token_ratios(logps, old, mask, ratio_sharing: str, turn_ids=None, cell_ids=None, length_norm: bool = True) -> torch.Tensor:
+def token_ratios(logps, old, mask, ratio_sharing: str, turn_ids, cell_ids, length_norm: bool) -> torch.Tensor:
     """Eq. 7's importance ratio pi_theta / pi_old per token, or EMPO's shared ratios (`ratio_sharing` effect / random)."""
     if ratio_sharing == "none":
         return torch.exp(logps - old)

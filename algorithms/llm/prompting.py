@@ -38,7 +38,11 @@ ONE_SHOT_EXAMPLE = (
 BLANKED = "[old observation omitted]"
 
 
-def initial_messages(observation: str, one_shot: bool = True, system_prompt: str | None = None) -> list[dict[str, str]]:
+# Prompts include the one-shot ReAct example unless a config says otherwise (MultiTurnGRPOConfig.one_shot).
+WITH_ONE_SHOT = True
+
+
+def initial_messages(observation: str, one_shot: bool = WITH_ONE_SHOT, system_prompt: str | None = None) -> list[dict[str, str]]:
     """[system, first observation]; `system_prompt` (an env's own, e.g. AppWorld's) replaces the generic one."""
     system = system_prompt if system_prompt is not None else SYSTEM_PROMPT + ("\n\n" + ONE_SHOT_EXAMPLE if one_shot else "")
     return [{"role": "system", "content": system}, {"role": "user", "content": observation}]

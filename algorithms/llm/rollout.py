@@ -29,7 +29,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogits
 
 from algorithms.common.errors import VcbmGymError
 from algorithms.llm.decode import CachedGeneration, answers_until_eos, full_attention_only, left_padded
-from algorithms.llm.prompting import initial_messages, prompt_chars, truncate_messages
+from algorithms.llm.prompting import WITH_ONE_SHOT, initial_messages, prompt_chars, truncate_messages
 from vcbm_gym.contract import check_reward, env_name
 
 # CachedGeneration and full_attention_only: the trainer's rollout generation imports them from here
@@ -272,7 +272,7 @@ def play_episodes(
     task_seeds: Sequence[int],
     max_turns: int,
     truncation_chars: int = 20_000,
-    one_shot: bool = True,
+    one_shot: bool = WITH_ONE_SHOT,
     system_prompt: str | None = None,
     lockstep: bool = False,
     max_episode_tokens: int | None = None,

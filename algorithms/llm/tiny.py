@@ -77,12 +77,17 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
+# The untrained tiny model's shape (`--model tiny-random`); the warm-started one sets its own (WarmStartConfig).
+TINY_HIDDEN_SIZE = 64
+TINY_TIED_EMBEDDINGS = True
+
+
 def build_tiny_model(
     vocab_size: int,
     seed: int = 0,
-    hidden_size: int = 64,
+    hidden_size: int = TINY_HIDDEN_SIZE,
     num_layers: int = 2,
-    tie_embeddings: bool = True,
+    tie_embeddings: bool = TINY_TIED_EMBEDDINGS,
     embedding_std: float | None = None,
 ) -> Qwen2ForCausalLM:
     """A randomly initialised Qwen2 (2 layers, hidden 64), identical for identical arguments.
@@ -113,7 +118,10 @@ def build_tiny_model(
 
 
 def build_tiny(
-    seed: int = 0, hidden_size: int = 64, tie_embeddings: bool = True, embedding_std: float | None = None
+    seed: int = 0,
+    hidden_size: int = TINY_HIDDEN_SIZE,
+    tie_embeddings: bool = TINY_TIED_EMBEDDINGS,
+    embedding_std: float | None = None,
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(
