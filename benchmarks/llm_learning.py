@@ -90,7 +90,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from algorithms.common import cli  # noqa: E402
-from algorithms.common.errors import Stopped, VcbmGymError  # noqa: E402
+from algorithms.common.errors import VcbmGymError  # noqa: E402
 from algorithms.experiment import executor  # noqa: E402
 
 TARGET = 0.9
@@ -544,10 +544,7 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
         try:
             executor.run_jobs(train_one, todo, workers=args.workers, finished=finished)
         except executor.STOPS as exc:
-            signame, code = executor.stop_of(exc)
-            raise Stopped(
-                f"{signame}: {len(histories)} of {len(jobs)} run(s) kept; rerun the same command to continue", code
-            ) from None
+            raise executor.stopped(exc, f"{len(histories)} of {len(jobs)} run(s) kept") from None
     if failures:
         raise VcbmGymError(f"{len(failures)} run(s) failed (finished ones are kept): " + "; ".join(failures))
     wall = time.perf_counter() - start

@@ -12,7 +12,7 @@ Stopping and orphans, written once for every command:
 - inside `sigterm_stops()`, SIGTERM raises Terminated in the main thread, as Ctrl-C raises KeyboardInterrupt
   (both BaseExceptions, which no `except Exception` in library code swallows: tqdm's does); either stops the
   jobs in flight (processes: SIGTERM, then SIGKILL after STOP_TIMEOUT_S; Ray tasks: cancelled, forced)
-  before it propagates to the command, which reports it in one line (`stop_of`: exit code 130 or 143).
+  before it propagates to the command, which reports it in one line (`stopped`: exit code 130 or 143).
 - a worker process ignores SIGINT (Ctrl-C reaches the whole process group; the command alone decides how to
   stop) and turns SIGTERM into Terminated, so that the task's `finally` and `except BaseException` blocks run.
 - a worker process never outlives the process that started it, even one killed by SIGKILL (no handler runs
@@ -62,14 +62,16 @@ class Terminated(BaseException):
 STOPS = (KeyboardInterrupt, Terminated, Stopped)  # what stops a command, as opposed to what fails a job
 
 
-def stop_of(exc: BaseException) -> tuple[str, int]:
-    """(what stopped the command, its exit code) for one of STOPS."""
+def stopped(exc: BaseException, kept: str) -> Stopped:
+    """The command's one line for one of STOPS: what stopped it, what it keeps, and its exit code (130, 143)."""
     if isinstance(exc, KeyboardInterrupt):
-        return "SIGINT", 128 + signal.SIGINT
-    if isinstance(exc, Terminated):
-        return "SIGTERM", 128 + signal.SIGTERM
-    assert isinstance(exc, Stopped)
-    return str(exc), exc.exit_code
+        signame, code = "SIGINT", 128 + signal.SIGINT
+    elif isinstance(exc, Terminated):
+        signame, code = "SIGTERM", 128 + signal.SIGTERM
+    else:
+        assert isinstance(exc, Stopped)
+        signame, code = str(exc), exc.exit_code
+    return Stopped(f"{signame}: {kept}; rerun the same command to continue", code)
 
 
 def _raise_terminated(signum: int, frame: Any) -> None:

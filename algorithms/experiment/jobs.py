@@ -18,7 +18,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from algorithms import train
-from algorithms.common.errors import Stopped, VcbmGymError
+from algorithms.common.errors import VcbmGymError
 from algorithms.common.spec import RunOptions, RunSpec
 from algorithms.experiment import executor
 from algorithms.experiment.distributed import pack_dir, unpack_dir
@@ -115,12 +115,8 @@ def train_jobs(
     try:
         executor.run_jobs(run_seed, todo, workers=workers, finished=finished, backend=backend, address=address)
     except executor.STOPS as exc:
-        signame, code = executor.stop_of(exc)
-        raise Stopped(
-            f"{signame}: {count_finished(jobs)} of {len(jobs)} run(s) finished and kept in their log dirs; "
-            "rerun the same command to continue",
-            code,
-        ) from None
+        kept = f"{count_finished(jobs)} of {len(jobs)} run(s) finished and kept in their log dirs"
+        raise executor.stopped(exc, kept) from None
     finally:
         bar.close()
     if failures:

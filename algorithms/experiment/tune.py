@@ -58,7 +58,7 @@ import yaml
 
 from algorithms import train
 from algorithms.common import cli, config, convergence, provenance
-from algorithms.common.errors import Stopped, VcbmGymError
+from algorithms.common.errors import VcbmGymError
 from algorithms.experiment import executor
 from algorithms.experiment.results import save_figure
 from algorithms.experiment.search_space import SEARCH_SPACES, ZOO_CONFIG_DIR, Param, apply_params, load_search_space
@@ -92,12 +92,8 @@ def run_workers(s: Settings, workers: int, backend: str, address: str | None) ->
             what="tune --backend ray",
         )
     except executor.STOPS as exc:
-        signame, code = executor.stop_of(exc)
-        raise Stopped(
-            f"{signame}: the study's finished trials are kept in {s.storage!r} (running ones are not counted); "
-            "rerun the same command to continue",
-            code,
-        ) from None
+        kept = f"the study's finished trials are kept in {s.storage!r} (running ones are not counted)"
+        raise executor.stopped(exc, kept) from None
     if errors:
         raise VcbmGymError(f"{len(errors)} tune worker(s) failed: " + "; ".join(errors))
     return sum(ran)
