@@ -9,6 +9,7 @@ Sections (each from its own directory; a missing one is listed as not yet produc
 - tabular_credit/  the same files for tabular Q-learning (td) with and without credit rules (TABULAR_CREDIT)
 - llm_learning/    benchmarks/llm_learning.py's results.json (its own table function renders it)
 - llm_throughput.md  benchmarks/llm_throughput.py's own report (--markdown), rollouts/s old vs new path
+- llm_training_pass.md  benchmarks/llm_training_pass.py's own report (--markdown), TRL's training pass vs shared prompts
 - credit_fidelity/ `algorithms.credit_fidelity` fidelity.json (+ training.json) + run.json: CASI fidelity
 Each section states the command, the git commit and the wall time that its outputs record, and says "not recorded"
 where an output does not record one. The tables are rendered by the same functions that wrote the outputs' own
@@ -203,6 +204,19 @@ def throughput_section(markdown: Path) -> str:
     return f"## {title}\n\nCommand: `{command}`; commit: {NOT_RECORDED}.\n\n{report}\n"
 
 
+def training_pass_section(markdown: Path) -> str:
+    """benchmarks/llm_training_pass.py's own report (its --markdown output, which names its command and commit)."""
+    title = "LLM training pass (TRL's and shared prompts, side by side in one run)"
+    command = (
+        "python benchmarks/llm_training_pass.py --json benchmarks/results/llm_training_pass.json "
+        "--markdown benchmarks/results/llm_training_pass.md"
+    )
+    if not markdown.is_file():
+        return f"## {title}\n\nNot produced yet: run `{command}`.\n"
+    report = markdown.read_text().split("\n", 1)[1].strip()  # without the file's own title
+    return f"## {title}\n\n{report}\n"
+
+
 def render(results_dir: Path) -> str:
     sections = [
         compare_section(
@@ -214,6 +228,7 @@ def render(results_dir: Path) -> str:
         compare_section("Tabular Q-learning with credit rules on WatchRepair-v0", results_dir / "tabular_credit", TABULAR_CREDIT),
         llm_section(results_dir / "llm_learning"),
         throughput_section(results_dir / "llm_throughput.md"),
+        training_pass_section(results_dir / "llm_training_pass.md"),
         fidelity_section(results_dir / "credit_fidelity"),
         suite_section(
             "bsuite umbrella_length, bsuite's full protocol: tabular VCBM",

@@ -51,6 +51,7 @@ from algorithms.llm.config import LoopConfig, check_credit
 from algorithms.llm.loss import kl_old_new, ppo_clip_token_loss, token_ratios
 from algorithms.llm.metrics import local_rollout_record, rollout_metrics
 from algorithms.llm.rollout import CachedGeneration, Episode, full_attention_only, hf_generate, play_episodes
+from algorithms.llm.shared_prefix import shared_prefix_logps
 from algorithms.llm.vllm import gather_counts, vllm_turn
 from algorithms.registry import load_object
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
@@ -91,6 +92,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
     ) -> None:
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.reencode_rollouts = False  # True: the earlier rollout path (hf_generate every turn), for comparisons
+        self.share_prompts = True  # False: TRL's training pass (every row's prompt encoded again), for comparisons
         self._env_pool: list[gym.Env] = []
         check_turn_limits(args.max_turns, self._envs(1)[0], env_id)
         self.writer = writer
@@ -184,6 +186,39 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             "env_mask": [e.env_mask for e in episodes],
             "episode_return": [e.episode_return for e in episodes],
         }
+
+    # --- the training pass's log-probs ---------------------------------------------------------
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **kwargs
+    ):
+        """TRL's log-probs and entropies, with each distinct prompt of a chunk encoded once (algorithms.llm.shared_prefix).
+
+        TRL's own pass stays where the shortcut is not the same computation or not known to be safe: extra model
+        inputs (images, MoE router losses), several processes (a second forward before backward under DDP/FSDP),
+        an output layer that is not float32 (TRL scores in float32), `share_prompts` off (comparisons).
+        """
+        if not self._can_share_prompts(model, kwargs):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
+            )
+        size, logps, entropies = batch_size or input_ids.size(0), [], []
+        for start in range(0, input_ids.size(0), size):
+            ids, mask = input_ids[start : start + size], attention_mask[start : start + size]
+            with self.accelerator.autocast():
+                shared = shared_prefix_logps(model, ids, mask, logits_to_keep, self.temperature, compute_entropy)
+            if shared is None:  # no prompt shared within this chunk
+                shared = super()._get_per_token_logps_and_entropies(model, ids, mask, logits_to_keep, size, compute_entropy)[:2]
+            logps.append(shared[0])
+            entropies.append(shared[1])
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+    def _can_share_prompts(self, model, extra_inputs: dict) -> bool:
+        if not self.share_prompts or self.accelerator.num_processes > 1:
+            return False
+        if any(value not in (None, False) for value in extra_inputs.values()):
+            return False
+        head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        return head is not None and head.weight.dtype == torch.float32
 
     def _generate_and_score_completions(self, inputs):
         self._begin_iteration()

@@ -1,0 +1,82 @@
+"""The training pass with each distinct prompt encoded once gives the log-probs, entropies and gradients of
+the full pass over every [prompt, completion] row."""
+
+import pytest
+import torch
+
+from algorithms.llm.shared_prefix import distinct_prompts, shared_prefix_logps
+from algorithms.llm.tiny import build_tiny_model
+
+PAD = 0
+
+
+def _batch(generator: torch.Generator, vocab: int, groups: int, k: int):
+    """Rows of `groups` distinct left-padded prompts, k rows each (interleaved, not contiguous), with
+    right-padded completions of different lengths."""
+    prompt_width, completion_width = 9, 7
+    ids, mask = [], []
+    prompts = []
+    for g in range(groups):
+        length = prompt_width - g  # a different left padding per prompt
+        tokens = torch.randint(1, vocab, (length,), generator=generator)
+        prompts.append(
+            (torch.cat([torch.full((prompt_width - length,), PAD), tokens]), torch.arange(prompt_width) >= prompt_width - length)
+        )
+    for row in range(groups * k):
+        prompt, prompt_mask = prompts[row % groups]
+        length = 3 + row % (completion_width - 2)
+        completion = torch.randint(1, vocab, (completion_width,), generator=generator)
+        completion_mask = torch.arange(completion_width) < length
+        completion = completion.masked_fill(~completion_mask, PAD)
+        ids.append(torch.cat([prompt, completion]))
+        mask.append(torch.cat([prompt_mask, completion_mask]).long())
+    return torch.stack(ids), torch.stack(mask), completion_width
+
+
+def _full_pass(model, ids, mask, keep, temperature):
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, -keep - 1 : -1].float() / temperature
+    log_probs = torch.log_softmax(logits, -1)
+    return log_probs.gather(-1, ids[:, -keep:].unsqueeze(-1)).squeeze(-1), -(log_probs.exp() * log_probs).sum(-1)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_same_logps_entropies_and_gradients_as_the_full_pass(temperature):
+    torch.manual_seed(0)
+    model = build_tiny_model(vocab_size=50, hidden_size=32, tie_embeddings=False, embedding_std=1.0).float()
+    ids, mask, keep = _batch(torch.Generator().manual_seed(1), 50, groups=3, k=4)
+    on = mask[:, -keep:].bool()
+    weights = torch.randn(on.shape, generator=torch.Generator().manual_seed(2))
+
+    ref_logps, ref_entropy = _full_pass(model, ids, mask, keep, temperature)
+    ((ref_logps * weights)[on].sum() + ref_entropy[on].sum()).backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad()
+
+    logps, entropy = shared_prefix_logps(model, ids, mask, keep, temperature, compute_entropy=True)
+    ((logps * weights)[on].sum() + entropy[on].sum()).backward()
+
+    torch.testing.assert_close(logps[on], ref_logps[on], rtol=0, atol=1e-5)
+    torch.testing.assert_close(entropy[on], ref_entropy[on], rtol=0, atol=1e-5)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, ref_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_distinct_prompts_in_order_of_first_appearance():
+    ids = torch.tensor([[0, 5, 6], [1, 2, 3], [0, 5, 6], [1, 2, 3], [0, 5, 7]])
+    mask = (ids != 0).long()
+    first, row_prompt = distinct_prompts(ids, mask)
+    assert first.tolist() == [0, 1, 4]
+    assert row_prompt.tolist() == [0, 1, 0, 1, 2]
+
+
+def test_a_prompt_differing_only_in_its_mask_is_its_own():
+    ids = torch.tensor([[0, 5, 6], [0, 5, 6]])
+    mask = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    first, row_prompt = distinct_prompts(ids, mask)
+    assert first.tolist() == [0, 1] and row_prompt.tolist() == [0, 1]
+
+
+def test_nothing_shared_returns_none():
+    model = build_tiny_model(vocab_size=50, hidden_size=32)
+    ids, mask, keep = _batch(torch.Generator().manual_seed(3), 50, groups=3, k=1)
+    assert shared_prefix_logps(model, ids, mask, keep, 1.0) is None
