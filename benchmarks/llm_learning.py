@@ -28,7 +28,7 @@ default's 85 runs (about 9 of its minutes); `--methods loop vcbm-loop trl-grpo` 
 
 Settings (SETTINGS; `--settings` picks some, `--seeds` and `--iterations` shrink them):
 - `twr-low`: TextWatchRepair-v0 at noise 0.25, 10 seeds, 80 iterations of 48 rollouts (K = 8), 2 epochs, lr 1e-3;
-- `twr-paper`: at the paper's noise 1.0, 10 seeds, 250 iterations of the same batch, lr 5e-4;
+- `twr-paper`: at the paper's noise 1.0, 10 seeds, 190 iterations of the same batch, lr 5e-4;
 - `workshop-low`: TextWatchWorkshop-v0 (8 stations, 8 bookmarks, top-k 6) at noise 0.25, 5 seeds, with the
   ablation rows, 60 iterations of 64 rollouts (K = 8), 1 epoch, lr 1e-3;
 - `twr-noiseless` (not in the default): noise 0.
@@ -38,18 +38,24 @@ only on the first turn's decision, and each turn more only lengthens every train
 BUDGET (the default must finish within 90 minutes on 2 cores; `--estimate` prints this arithmetic for any
 selection). A run costs START_S (12 s: process start, imports, model load) plus its iterations times its
 setting's seconds per iteration: a run's wall time after its start-up over its iterations, with torch_threads 1,
-while a second run used the other core (0.47 s for TextWatchRepair with 2 turns, 48 rollouts and 2 epochs; 3.3 s
-for the 8-station workshop with 64 rollouts and 1 epoch); the runs go longest first to `--workers` (2)
-processes, one core each:
+while a second run used the other core, as measured over the committed table's runs (0.59 s and 0.58 s for
+TextWatchRepair with 2 turns, 48 rollouts and 2 epochs at noise 0.25 and 1.0; 3.3 s for the 8-station workshop
+with 64 rollouts and 1 epoch); the runs go longest first to `--workers` (2) processes, one core each:
 - workshop-low: 25 runs x (12 s + 60 x 3.3 s) = 87.5 run-minutes (3,840 episodes per run);
-- twr-paper: 30 runs x (12 s + 250 x 0.47 s) = 64.8 run-minutes (12,000 episodes per run);
-- twr-low: 30 runs x (12 s + 80 x 0.47 s) = 24.8 run-minutes (3,840 episodes per run);
-- 177 run-minutes on 2 workers: about 89 minutes, plus about a minute of resolving configs.
-The tabular arm needs about 1,200 episodes at the paper's noise: 10% of a twr-paper run's budget.
-A first default run with twr-paper at 300 iterations and the pilots' seconds per iteration (0.42 s, the median
-of the iterations' own times, and 2.9 s), which leave out the time between iterations, was on course for
-about 96 minutes; it was stopped after the workshop's 25 runs, the figures above were measured, twr-paper's
-budget was cut to 250 to fit, and the rerun reused those 25 runs (same configs) and ran the rest.
+- twr-paper: 30 runs x (12 s + 190 x 0.58 s) = 61.1 run-minutes (9,120 episodes per run);
+- twr-low: 30 runs x (12 s + 80 x 0.59 s) = 29.6 run-minutes (3,840 episodes per run);
+- 178 run-minutes on 2 workers: about 89 minutes, plus about a minute of resolving configs.
+The tabular arm needs about 1,200 episodes at the paper's noise: 13% of a twr-paper run's budget.
+
+The committed table (benchmarks/results/llm_learning/) is NOT this default: it is the default of commit cbcf4bf,
+where twr-paper had 250 iterations and the seconds per iteration were estimates from pilots (0.47 s and 3.3 s).
+It ran in two invocations of the same command: the first (at commit af28a4f, twr-paper at 300 iterations, 0.42
+s and 2.9 s per iteration, which leave out the time between iterations) was stopped after the workshop's 25 runs
+(44.7 minutes) when it was on course for about 96 minutes; the second reused those 25 runs (same configs) and
+ran the 60 TextWatchRepair runs in 52.8 minutes: about 97.5 minutes in all. TextWatchRepair iterations cost more
+in the table's runs than in the pilots (a policy that inspects before deciding plays longer episodes), so the
+default was then cut to 190 twr-paper iterations to fit 90 minutes at the measured rates, and has not been run
+whole since.
 
 How the settings were chosen, before any 10-seed run (pilots: benchmarks/results/llm_learning_pilots/PILOTS.md,
 on seeds outside the benchmark's 0-9). TextWatchRepair: 48 rollouts per iteration in groups of K = 8 (the
@@ -58,9 +64,10 @@ both noise levels), learning rate 1e-3 at noise 0.25 and 5e-4 at noise 1.0 (at 1
 down in one pilot and was no better in two). The first 10-seed run of these settings (40 and 85 iterations)
 left loop at 5/10 and 1/10 seeds at 90%, with most censored seeds still rising; the shared-prompt training pass
 (algorithms.llm.shared_prefix; benchmarks/llm_training_pass.py) then made an iteration about 4x cheaper, and
-the budgets were raised to 80 and 250 iterations to use it, the settings otherwise unchanged. At the paper's
-noise the pilots' failure is a collapse: the policy repairs every brand (P(repair) 0.99 for each of the four
-after 150 iterations of one pilot), and a group of K rollouts that never skips carries no signal for skipping.
+the budgets were raised to 80 and 300 iterations to use it (twr-paper then cut to 250 and to 190, see BUDGET),
+the settings otherwise unchanged. At the paper's noise the pilots' failure is a collapse: the policy repairs
+every brand (P(repair) 0.99 for each of the four after 150 iterations of one pilot), and a group of K
+rollouts that never skips carries no signal for skipping.
 The workshop: with the zoo's 16 rollouts no method learnt in any pilot (640-960 episodes); one pilot pair at
 64 rollouts, K = 8, 1 epoch (seed 103, 60 iterations) saw loop reach 90% at iteration 54 and vcbm-loop reach
 0.66; that batch is the setting, and 60 iterations are what the 90-minute budget leaves it.
@@ -140,14 +147,14 @@ ABLATIONS = ("vcbm-loop/no-retrieval", "vcbm-loop/beta0")
 # The TextWatchRepair settings were chosen from pilots (1-2 seeds; docs in the module docstring) before any 10-seed
 # run; their budgets were then scaled by the shared-prompt training pass (about 4x faster per iteration), and the
 # workshop's batch was chosen from one pilot pair (seed 103). Seconds per iteration: a run's wall time (after its
-# start-up) over its iterations, while another run used the second core (0.47 s: TextWatchRepair, 2 turns, 48
-# rollouts, 2 epochs, the mean of two pilots, 0.44 and 0.49; 3.3 s: the 8-station workshop, 64 rollouts, 1 epoch,
-# the median of the benchmark's own 15 first workshop runs).
+# start-up) over its iterations, while another run used the second core, the mean over the committed table's runs
+# (TextWatchRepair, 2 turns, 48 rollouts, 2 epochs: 0.59 s at noise 0.25, 0.58 s at noise 1.0; the 8-station
+# workshop, 64 rollouts, 1 epoch: 3.3 s).
 SETTINGS = {
-    "twr-low": Setting("TextWatchRepair-v0", 0.25, 80, 10, TWR_METHODS, 2, 48, 8, 2, 1.0e-3, 0.47),
-    "twr-paper": Setting("TextWatchRepair-v0", 1.0, 250, 10, TWR_METHODS, 2, 48, 8, 2, 5.0e-4, 0.47),
+    "twr-low": Setting("TextWatchRepair-v0", 0.25, 80, 10, TWR_METHODS, 2, 48, 8, 2, 1.0e-3, 0.59),
+    "twr-paper": Setting("TextWatchRepair-v0", 1.0, 190, 10, TWR_METHODS, 2, 48, 8, 2, 5.0e-4, 0.58),
     "workshop-low": Setting("TextWatchWorkshop-v0", 0.25, 60, 5, TWR_METHODS + ABLATIONS, 8, 64, 8, 1, 1.0e-3, 3.3),
-    "twr-noiseless": Setting("TextWatchRepair-v0", 0.0, 40, 10, TWR_METHODS, 2, 48, 8, 2, 1.0e-3, 0.47),
+    "twr-noiseless": Setting("TextWatchRepair-v0", 0.0, 40, 10, TWR_METHODS, 2, 48, 8, 2, 1.0e-3, 0.59),
 }
 DEFAULT_SETTINGS = ("twr-low", "twr-paper", "workshop-low")
 METHODS = TWR_METHODS + ABLATIONS
