@@ -79,4 +79,4 @@ def test_a_prompt_differing_only_in_its_mask_is_its_own():
 def test_nothing_shared_returns_none():
     model = build_tiny_model(vocab_size=50, hidden_size=32)
     ids, mask, keep = _batch(torch.Generator().manual_seed(3), 50, groups=3, k=1)
-    assert shared_prefix_logps(model, ids, mask, keep, 1.0) is None
+    assert shared_prefix_logps(model, ids, mask, keep, 1.0, False) is None

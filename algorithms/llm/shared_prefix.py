@@ -36,7 +36,7 @@ def shared_prefix_logps(
     attention_mask: torch.Tensor,
     logits_to_keep: int,
     temperature: float,
-    compute_entropy: bool = False,
+    compute_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """(log-probs, entropies or None), each (rows, logits_to_keep), of the last `logits_to_keep` tokens of each
     row under the model's sampling distribution at `temperature`; None when no two rows share their prompt."""
