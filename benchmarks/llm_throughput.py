@@ -57,16 +57,6 @@ MICRO_BATCH = 16  # per_device_train_batch_size of the zoo entry
 METHODS = ("before", "after")
 
 
-def _model(name: str):
-    if name == "tiny":
-        from algorithms.llm.warm_start import warm_started_tiny
-
-        return warm_started_tiny()
-    from algorithms.llm.tiny import build_tiny
-
-    return build_tiny(0)
-
-
 def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, base: int, engine: str):
     """A LoopTrainer (the zoo entry's CPU settings) whose every rollout is played by both paths, timed."""
     import numpy as np
@@ -118,7 +108,9 @@ def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, bas
             self._episodes = played["after"]
             return results["after"]
 
-    model, tokenizer = _model(name)
+    from algorithms.llm.build import model_and_tokenizer
+
+    model, tokenizer = model_and_tokenizer(name, seed=0, bf16=False)
     args = LoopConfig(
         output_dir=out,
         seed=seed,
@@ -237,8 +229,8 @@ def run(argv: list[str]) -> dict:
         raise VcbmGymError(f"--sizes {' '.join(map(str, bad))}: expected multiples of {K} (rollouts per task)")
     cli.check_int(args.iterations, "--iterations", 1)
     for option, path in (("--json", args.json), ("--markdown", args.markdown)):
-        if path and (Path(path).is_dir() or not Path(path).parent.is_dir()):
-            raise VcbmGymError(f"{option} {path}: expected a file path in an existing folder")
+        if path:
+            cli.check_output_file(path, option)
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch

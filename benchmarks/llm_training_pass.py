@@ -55,14 +55,9 @@ def captured_batch(model_name: str, rollouts: int, out: str):
             self.captured = inputs
             return super()._compute_loss(model, inputs)
 
-    if model_name == "tiny":
-        from algorithms.llm.warm_start import warm_started_tiny
+    from algorithms.llm.build import model_and_tokenizer
 
-        model, tokenizer = warm_started_tiny()
-    else:
-        from algorithms.llm.tiny import build_tiny
-
-        model, tokenizer = build_tiny(0)
+    model, tokenizer = model_and_tokenizer(model_name, seed=0, bf16=False)
     args = LoopConfig(
         output_dir=out,
         seed=0,
@@ -170,8 +165,8 @@ def run(argv: list[str]) -> list[dict]:
         raise VcbmGymError(f"--sizes {' '.join(map(str, bad))}: expected multiples of {K} (rollouts per task)")
     cli.check_int(args.repeats, "--repeats", 1)
     for option, path in (("--json", args.json), ("--markdown", args.markdown)):
-        if path and (Path(path).is_dir() or not Path(path).parent.is_dir()):
-            raise VcbmGymError(f"{option} {path}: expected a file path in an existing folder")
+        if path:
+            cli.check_output_file(path, option)
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch

@@ -191,30 +191,31 @@ def leakage_section(paths: list[Path]) -> str:
     return f"## {title}\n\n{intro}\n" + "\n".join(body)
 
 
+def own_report_section(title: str, markdown: Path, command: str, provenance_line: str = "") -> str:
+    """A benchmark's own report (its --markdown output) as it printed it, without the file's own title."""
+    if not markdown.is_file():
+        return f"## {title}\n\nNot produced yet: run `{command}`.\n"
+    report = markdown.read_text().split("\n", 1)[1].strip()
+    return f"## {title}\n\n{provenance_line}{report}\n"
+
+
 def throughput_section(markdown: Path) -> str:
-    """benchmarks/llm_throughput.py's own report (its --markdown output), as it printed it."""
-    title = "LLM rollout throughput (old and new rollout path, side by side in one run)"
+    """benchmarks/llm_throughput.py's report, which records no commit."""
     command = (
         "python benchmarks/llm_throughput.py --json benchmarks/results/llm_throughput.json "
         "--markdown benchmarks/results/llm_throughput.md"
     )
-    if not markdown.is_file():
-        return f"## {title}\n\nNot produced yet: run `{command}`.\n"
-    report = markdown.read_text().split("\n", 1)[1].strip()  # without the file's own title
-    return f"## {title}\n\nCommand: `{command}`; commit: {NOT_RECORDED}.\n\n{report}\n"
+    title = "LLM rollout throughput (old and new rollout path, side by side in one run)"
+    return own_report_section(title, markdown, command, f"Command: `{command}`; commit: {NOT_RECORDED}.\n\n")
 
 
 def training_pass_section(markdown: Path) -> str:
-    """benchmarks/llm_training_pass.py's own report (its --markdown output, which names its command and commit)."""
-    title = "LLM training pass (TRL's and shared prompts, side by side in one run)"
+    """benchmarks/llm_training_pass.py's report, which names its command and commit itself."""
     command = (
         "python benchmarks/llm_training_pass.py --json benchmarks/results/llm_training_pass.json "
         "--markdown benchmarks/results/llm_training_pass.md"
     )
-    if not markdown.is_file():
-        return f"## {title}\n\nNot produced yet: run `{command}`.\n"
-    report = markdown.read_text().split("\n", 1)[1].strip()  # without the file's own title
-    return f"## {title}\n\n{report}\n"
+    return own_report_section("LLM training pass (TRL's and shared prompts, side by side in one run)", markdown, command)
 
 
 def render(results_dir: Path) -> str:

@@ -81,6 +81,14 @@ def output_dir(path: str | Path, option: str) -> Path:
     return path
 
 
+def check_output_file(path: str | Path, option: str) -> Path:
+    """A file path whose folder exists (the file itself is written later, atomically)."""
+    path = Path(path)
+    if path.is_dir() or not path.parent.is_dir():
+        raise VcbmGymError(f"{option} {path}: expected a file path in an existing folder")
+    return path
+
+
 def check_output_dir(path: str | Path, option: str) -> Path:
     """Prove that `path` could be created and written, without creating it: a command that then refuses
     its input leaves no empty directory behind. `output_dir` creates it when there is something to write."""
