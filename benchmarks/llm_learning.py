@@ -22,55 +22,46 @@ the external baseline), and on the workshop the ablation of the blend's parts
 
 Both are LOOP's advantage by construction on the workshop (every turn there is a bookmark, so no
 token is left for the weights to favour once retrieval is off): their runs are `loop`'s bit for bit
-(same seed, same advantages; seen on 2 seeds x 5 iterations), a check of the blend's implementation,
-and `vcbm-loop` against them says whether retrieval with the blend does the work. They are 10 of the
-default's 85 runs (about 9 of its minutes); `--methods loop vcbm-loop trl-grpo` leaves them out.
+(same seed, same advantages; seen on 2 seeds x 5 iterations, and tested), a check of the blend's
+implementation, and `vcbm-loop` against them says whether retrieval with the blend does the work. Since
+they can only repeat loop's runs, the default gives them 2 seeds each (`ablation_seeds`), not 5;
+`--methods loop vcbm-loop trl-grpo` leaves them out.
 
-Settings (SETTINGS; `--settings` picks some, `--seeds` and `--iterations` shrink them):
-- `twr-low`: TextWatchRepair-v0 at noise 0.25, 10 seeds, 80 iterations of 48 rollouts (K = 8), 2 epochs, lr 1e-3;
-- `twr-paper`: at the paper's noise 1.0, 10 seeds, 190 iterations of the same batch, lr 5e-4;
-- `workshop-low`: TextWatchWorkshop-v0 (8 stations, 8 bookmarks, top-k 6) at noise 0.25, 5 seeds, with the
-  ablation rows, 60 iterations of 64 rollouts (K = 8), 1 epoch, lr 1e-3;
-- `twr-noiseless` (not in the default): noise 0.
+Settings (SETTINGS; `--settings` picks some, `--seeds` and `--iterations` shrink them; every run of a setting
+has the same hyperparameters, so that only the credit differs):
+- `twr-low`: TextWatchRepair-v0 at noise 0.25, 10 seeds, 80 iterations of 48 rollouts (K = 8), 2 epochs, lr 5e-4;
+- `twr-paper`: at the paper's noise 1.0, 10 seeds, 120 iterations of the same batch and learning rate;
+- `workshop-low`: TextWatchWorkshop-v0 (8 stations, 8 bookmarks, top-k 6) at noise 0.25, 5 seeds (the
+  ablation rows 2), 70 iterations of the same batch and learning rate;
+- `twr-noiseless` (not in the default): noise 0, 40 iterations.
 TextWatchRepair runs with 2 turns (the decision, then one turn of transport): the return depends
 only on the first turn's decision, and each turn more only lengthens every training sequence.
+Each of a task's K rollouts draws its own outcome (the trainer's outcome seeds; `shared_outcomes` false,
+the default), so the noise is independent across a group, as across the tabular arm's episodes.
 
 BUDGET (the default must finish within 90 minutes on 2 cores; `--estimate` prints this arithmetic for any
 selection). A run costs START_S (12 s: process start, imports, model load) plus its iterations times its
 setting's seconds per iteration: a run's wall time after its start-up over its iterations, with torch_threads 1,
-while a second run used the other core, as measured over the committed table's runs (0.59 s and 0.58 s for
-TextWatchRepair with 2 turns, 48 rollouts and 2 epochs at noise 0.25 and 1.0; 3.3 s for the 8-station workshop
-with 64 rollouts and 1 epoch); the runs go longest first to `--workers` (2) processes, one core each:
-- workshop-low: 25 runs x (12 s + 60 x 3.3 s) = 87.5 run-minutes (3,840 episodes per run);
-- twr-paper: 30 runs x (12 s + 190 x 0.58 s) = 61.1 run-minutes (9,120 episodes per run);
-- twr-low: 30 runs x (12 s + 80 x 0.59 s) = 29.6 run-minutes (3,840 episodes per run);
-- 178 run-minutes on 2 workers: about 89 minutes, plus about a minute of resolving configs.
-The tabular arm needs about 1,200 episodes at the paper's noise: 13% of a twr-paper run's budget.
+while a second run of the same setting used the other core, as measured on the third round of pilots (0.53 s
+for TextWatchRepair at noise 0.25, 0.59-0.65 s at noise 1.0, 4.0-4.2 s for the 8-station workshop, all with 48
+rollouts and 2 epochs); the runs go longest first to `--workers` (2) processes, one core each:
+- workshop-low: 19 runs x (12 s + 70 x 4.1 s) = 94.7 run-minutes (3,360 episodes per run);
+- twr-paper: 30 runs x (12 s + 120 x 0.62 s) = 43.2 run-minutes (5,760 episodes per run);
+- twr-low: 30 runs x (12 s + 80 x 0.55 s) = 28.0 run-minutes (3,840 episodes per run);
+- 166 run-minutes on 2 workers: about 83 minutes, plus about a minute of resolving configs.
+The tabular arm needs about 1,200 episodes at the paper's noise: 21% of a twr-paper run's budget.
 
-The committed table (benchmarks/results/llm_learning/) is NOT this default: it is the default of commit cbcf4bf,
-where twr-paper had 250 iterations and the seconds per iteration were estimates from pilots (0.47 s and 3.3 s).
-It ran in two invocations of the same command: the first (at commit af28a4f, twr-paper at 300 iterations, 0.42
-s and 2.9 s per iteration, which leave out the time between iterations) was stopped after the workshop's 25 runs
-(44.7 minutes) when it was on course for about 96 minutes; the second reused those 25 runs (same configs) and
-ran the 60 TextWatchRepair runs in 52.8 minutes: about 97.5 minutes in all. TextWatchRepair iterations cost more
-in the table's runs than in the pilots (a policy that inspects before deciding plays longer episodes), so the
-default was then cut to 190 twr-paper iterations to fit 90 minutes at the measured rates, and has not been run
-whole since.
-
-How the settings were chosen, before any 10-seed run (pilots: benchmarks/results/llm_learning_pilots/PILOTS.md,
-on seeds outside the benchmark's 0-9). TextWatchRepair: 48 rollouts per iteration in groups of K = 8 (the
-paper's batch), 2 epochs per batch (one epoch, 3x cheaper per iteration then, learnt far less per iteration at
-both noise levels), learning rate 1e-3 at noise 0.25 and 5e-4 at noise 1.0 (at 1e-3, vcbm-loop's rate wandered
-down in one pilot and was no better in two). The first 10-seed run of these settings (40 and 85 iterations)
-left loop at 5/10 and 1/10 seeds at 90%, with most censored seeds still rising; the shared-prompt training pass
-(algorithms.llm.shared_prefix; benchmarks/llm_training_pass.py) then made an iteration about 4x cheaper, and
-the budgets were raised to 80 and 300 iterations to use it (twr-paper then cut to 250 and to 190, see BUDGET),
-the settings otherwise unchanged. At the paper's noise the pilots' failure is a collapse: the policy repairs
-every brand (P(repair) 0.99 for each of the four after 150 iterations of one pilot), and a group of K
-rollouts that never skips carries no signal for skipping.
-The workshop: with the zoo's 16 rollouts no method learnt in any pilot (640-960 episodes); one pilot pair at
-64 rollouts, K = 8, 1 epoch (seed 103, 60 iterations) saw loop reach 90% at iteration 54 and vcbm-loop reach
-0.66; that batch is the setting, and 60 iterations are what the 90-minute budget leaves it.
+How the settings were chosen (pilots: benchmarks/results/llm_learning_pilots/PILOTS.md, on seeds 100-104,
+outside the benchmark's 0-9), before the committed 10-seed run. Two earlier 10-seed runs (of commits before
+the outcome seeds) left loop at 7/10 and 3/10 seeds at 90% at noise 0.25 and 1.0, and the workshop at 2/5:
+there the K rollouts of a task shared one draw of the noise, so a group's contrast between repairing and
+skipping rested on one draw. With a draw per rollout (third pilot round): at noise 1.0 and lr 5e-4, vcbm-loop
+reached 90% at iteration 51 in both pilots and loop rose to 0.7-0.8; at noise 0.25, lr 1e-3 (the earlier
+setting) left loop at 90% in 1 of 3 pilots, lr 5e-4 in 3 of 3 (iterations 29-46; vcbm-loop 24-31), so both
+noise levels take 5e-4. The workshop learnt in no pilot at the earlier 64 rollouts, 1 epoch, lr 1e-3 (4 runs,
+60 iterations); with TextWatchRepair's batch (48 rollouts, K = 8, 2 epochs, lr 5e-4) vcbm-loop reached 90% in
+3 of 3 pilots (iterations 32-53) and loop in 1 of 2 (49). The budgets are what 90 minutes leave at the measured rates, twr-paper's cut to 120
+(both vcbm-loop pilots reached 90% at 51) to give the workshop 70.
 
 Runs go to OUT/<setting>/<method>/seed<k>/. A run is reused when its log dir holds a finished
 summary of the same resolved config (train's config hash: algo, env, seed and every hyperparameter,
@@ -128,6 +119,10 @@ class Setting:
     epochs: int  # num_iterations: optimizer steps over each batch
     learning_rate: float
     seconds_per_iteration: float  # measured wall time of one iteration (torch_threads 1), another run on the other core
+    ablation_seeds: int | None = None  # seeds of each ablation method (None: `seeds`)
+
+    def seeds_of(self, method: str) -> int:
+        return self.ablation_seeds if method in ABLATIONS and self.ablation_seeds is not None else self.seeds
 
     def hyperparams(self) -> list[str]:
         key = "max_turns" if self.env_id == "TextWatchRepair-v0" else "n_stations"
@@ -144,17 +139,16 @@ class Setting:
 RATES = ("task_goal_completion", "invalid_turn_rate")
 TWR_METHODS = ("loop", "vcbm-loop", "trl-grpo")
 ABLATIONS = ("vcbm-loop/no-retrieval", "vcbm-loop/beta0")
-# The TextWatchRepair settings were chosen from pilots (1-2 seeds; docs in the module docstring) before any 10-seed
-# run; their budgets were then scaled by the shared-prompt training pass (about 4x faster per iteration), and the
-# workshop's batch was chosen from one pilot pair (seed 103). Seconds per iteration: a run's wall time (after its
-# start-up) over its iterations, while another run used the second core, the mean over the committed table's runs
-# (TextWatchRepair, 2 turns, 48 rollouts, 2 epochs: 0.59 s at noise 0.25, 0.58 s at noise 1.0; the 8-station
-# workshop, 64 rollouts, 1 epoch: 3.3 s).
+# Chosen from the third pilot round (module docstring, PILOTS.md; seeds 100-104) before the committed 10-seed run.
+# Seconds per iteration: a pilot's wall time (after its start-up) over its iterations, while another run of the same
+# setting used the second core (TextWatchRepair 0.53 s at noise 0.25, 0.59-0.65 s at 1.0; the workshop 4.0-4.2 s).
 SETTINGS = {
-    "twr-low": Setting("TextWatchRepair-v0", 0.25, 80, 10, TWR_METHODS, 2, 48, 8, 2, 1.0e-3, 0.59),
-    "twr-paper": Setting("TextWatchRepair-v0", 1.0, 190, 10, TWR_METHODS, 2, 48, 8, 2, 5.0e-4, 0.58),
-    "workshop-low": Setting("TextWatchWorkshop-v0", 0.25, 60, 5, TWR_METHODS + ABLATIONS, 8, 64, 8, 1, 1.0e-3, 3.3),
-    "twr-noiseless": Setting("TextWatchRepair-v0", 0.0, 40, 10, TWR_METHODS, 2, 48, 8, 2, 1.0e-3, 0.59),
+    "twr-low": Setting("TextWatchRepair-v0", 0.25, 80, 10, TWR_METHODS, 2, 48, 8, 2, 5.0e-4, 0.55),
+    "twr-paper": Setting("TextWatchRepair-v0", 1.0, 120, 10, TWR_METHODS, 2, 48, 8, 2, 5.0e-4, 0.62),
+    "workshop-low": Setting(
+        "TextWatchWorkshop-v0", 0.25, 70, 5, TWR_METHODS + ABLATIONS, 8, 48, 8, 2, 5.0e-4, 4.1, ablation_seeds=2
+    ),
+    "twr-noiseless": Setting("TextWatchRepair-v0", 0.0, 40, 10, TWR_METHODS, 2, 48, 8, 2, 5.0e-4, 0.55),
 }
 DEFAULT_SETTINGS = ("twr-low", "twr-paper", "workshop-low")
 METHODS = TWR_METHODS + ABLATIONS
@@ -427,7 +421,7 @@ def plan(settings: Sequence[str], seeds: int | None, iterations: int | None, met
         for method in setting.methods:
             if methods and method not in methods:
                 continue
-            for seed in range(seeds or setting.seeds):
+            for seed in range(seeds or setting.seeds_of(method)):
                 rows.append((name, method, seed, budget, START_S + budget * setting.seconds_per_iteration))
     return sorted(rows, key=lambda row: -row[4])
 

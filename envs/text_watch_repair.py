@@ -30,6 +30,11 @@ given the brand and the decision: G' = E[G | brand, decision] + noise_scale * (G
 0 makes every return its expectation (a noiseless variant); the expected returns, and so the
 optimal decisions, never change. At the paper's noise one return has signal-to-noise 0.14-0.33.
 
+`reset(seed=s)` fixes the whole episode: the brand and the outcome (the repair cost and the transport
+events drawn at the decision). `reset(seed=s, options={"outcome_seed": o})` keeps the task that `s`
+draws and takes the outcome from `o`: the LLM arm gives each of a task's K rollouts its own `o`, so
+that they meet independent noise, as K episodes of one task in the world would (`reset_outcome`).
+
 `info` per step: `state_mutating` (this call changed the state), `execution_output` (the text the
 call returned: the VCBM bookmark key), `effect` (canonical action: repair, skip, inspect, wait or
 invalid; EMPO's effect), `is_decision_turn`, `brand`, `optimal_first_action`, and once decided
@@ -73,7 +78,8 @@ def _printable(text: str, limit: int = 80) -> str:
 class WatchTextEnv(gym.Env):
     """What the watch text envs share: the watch-repair law, text spaces, reward and noise scales."""
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    # reset(options=...) keys: "brand" fixes the watch's brand, "outcome_seed" the episode's outcome (see reset_outcome)
+    metadata = {"render_modes": ["ansi"], "render_fps": 1, "reset_options": ("brand", "outcome_seed")}
 
     def __init__(
         self,
@@ -107,6 +113,22 @@ class WatchTextEnv(gym.Env):
             raise ValueError(f"render_mode={render_mode!r}: expected one of {self.metadata['render_modes']}")
         self.render_mode = render_mode
 
+    def reset_outcome(self, options: dict | None) -> None:
+        """Choose the generator of the episode's outcome: the random draws made after reset (transport events).
+
+        By default the reset seed fixes the outcome together with the task (brand, stations), as Gymnasium's
+        reset(seed) fixes a whole episode. `options={"outcome_seed": s}` draws the outcome from a seed of its
+        own: K rollouts of one task (one reset seed) then meet independent outcomes, as K episodes of the same
+        task played in the world would, instead of repeating one draw of the noise K times.
+        """
+        seed = (options or {}).get("outcome_seed")
+        if seed is None:
+            self._outcome_rng = self.np_random
+            return
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"outcome_seed={seed!r}: expected an integer >= 0")
+        self._outcome_rng = gym.utils.seeding.np_random(int(seed))[0]
+
     def scaled_return(self, realised: float, repaired: bool, brand: int) -> float:
         """E[G | brand, decision] + noise_scale * (G - E[G | brand, decision])."""
         expected = float(self._expected_repair[brand]) if repaired else 0.0
@@ -138,6 +160,7 @@ class TextWatchRepairEnv(WatchTextEnv):
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         self._state = self.dynamics.reset(self.np_random, 1, (options or {}).get("brand"))
+        self.reset_outcome(options)
         self._decision, self._turn, self._reward = None, 0, 0.0
         brand = self._brand
         self._last_obs = (
@@ -204,7 +227,7 @@ class TextWatchRepairEnv(WatchTextEnv):
         t = int(self._state[0, 4])
         if t == 0:
             brand, first_action = self._state[:, 3], np.array([action])
-            draws = self.dynamics.draw([self.np_random], brand, first_action)
+            draws = self.dynamics.draw([self._outcome_rng], brand, first_action)
             self._trajectory, self._step_rewards = self.dynamics.rollout(brand, first_action, draws)
         self._state = self._trajectory[:, t + 1]
         self._reward += float(self._step_rewards[0, t])

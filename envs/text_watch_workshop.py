@@ -23,7 +23,9 @@ the return is then `undecided_return` (default -2.0, below every decision's expe
 in TextWatchRepair), so a missed movement decision is never as good as skipping.
 
 The terminal reward is the watch-repair return times `reward_scale` (0.1), with its deviation
-from E[G | brand, decision] scaled by `noise_scale` (1.0: the paper's noise; 0: noiseless).
+from E[G | brand, decision] scaled by `noise_scale` (1.0: the paper's noise; 0: noiseless). As in
+TextWatchRepair, `reset(seed=s)` fixes the task (brand, stations, the movement's position) and the outcome,
+and `options={"outcome_seed": o}` draws the outcome from `o` instead.
 
 `info` per step: `state_mutating`, `execution_output` (the bookmark key), `effect` (the tool, or
 "invalid"), `is_decision_turn` (this turn was the movement station), `station`, and on the last
@@ -95,6 +97,7 @@ class TextWatchWorkshopEnv(WatchTextEnv):
         cosmetic = list(self.np_random.permutation(sorted(COSMETIC_STATIONS))[: self.n_stations - 1])
         cosmetic.insert(int(self.np_random.integers(self.n_stations)), MOVEMENT)
         self._stations = [str(s) for s in cosmetic]
+        self.reset_outcome(options)
         self._turn, self._decision = 0, None
         self._last_obs = (
             f"A customer brings in a watch made by {BRAND_NAMES[self._brand]} for a full service: {self.n_stations} "
@@ -168,7 +171,7 @@ class TextWatchWorkshopEnv(WatchTextEnv):
         if self._decision != "repair":
             return 0.0
         brand, first = self._state[:, 3], np.array([REPAIR])
-        _, rewards = self.dynamics.rollout(brand, first, self.dynamics.draw([self.np_random], brand, first))
+        _, rewards = self.dynamics.rollout(brand, first, self.dynamics.draw([self._outcome_rng], brand, first))
         total = float(rewards.sum())
         return self.scaled_return(total, True, self._brand)
 

@@ -292,6 +292,37 @@ def test_scripted_rollout_records_the_decision_and_truncates_only_the_model_cont
     assert tok.decode(generated).count("wait") == 5 and e.logprobs.count(-0.5) == len(generated)
 
 
+def test_rollouts_of_one_task_draw_their_own_outcomes_when_given_outcome_seeds():
+    """K rollouts of a task share its prompt; with outcome seeds the same decision meets independent returns."""
+    _, tok = build_tiny(0)
+    repair = tok("Action : repair ( )", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+    def scripted(contexts):
+        return [(repair, [-0.5] * len(repair))] * len(contexts)
+
+    def group(outcome_seeds):
+        envs = [gym.make("TextWatchRepair-v0", max_turns=2) for _ in range(4)]
+        return play_episodes(scripted, tok, envs, [11] * 4, max_turns=2, outcome_seeds=outcome_seeds)
+
+    shared, own = group(None), group([1, 2, 3, 4])
+    assert len({tuple(e.prompt_ids) for e in shared + own}) == 1
+    assert len({e.episode_return for e in shared}) == 1  # the task seed fixes the outcome: one draw for all K
+    assert len({e.episode_return for e in own}) == 4
+    assert [e.episode_return for e in group([1, 2, 3, 4])] == [e.episode_return for e in own]
+    with pytest.raises(ValueError, match="3 outcome seeds for 4 task seeds"):
+        group([1, 2, 3])
+
+
+def test_outcome_seeds_go_only_to_envs_that_take_them():
+    from algorithms.llm.rollout import takes_outcome_seed
+
+    assert takes_outcome_seed(gym.make("TextWatchRepair-v0")) and takes_outcome_seed(gym.make("TextWatchWorkshop-v0"))
+    from envs.appworld.env import AppWorldEnv
+
+    # AppWorld refuses reset options it does not know: it must never be sent one
+    assert not takes_outcome_seed(AppWorldEnv.__new__(AppWorldEnv))
+
+
 @pytest.mark.slow
 def test_empo_effect_ratio_sharing_smoke_run_logs_cell_coverage(tmp_path):
     # K = 24 rollouts of one task share the turn-0 prompt; equal parsed actions there form EMPO cells

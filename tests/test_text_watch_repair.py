@@ -119,3 +119,40 @@ def test_vcbm_concentrates_advantage_on_the_decision_turn_while_loo_spreads_it()
     np.testing.assert_allclose(_decision_mass(retrieve.advantages(batch), batch), 0.8)
     # same total advantage per episode as LOO: the blend moves credit, it does not create it
     np.testing.assert_allclose(retrieve.advantages(batch).sum(axis=1), LeaveOneOutRule().advantages(batch).sum(axis=1))
+
+
+@pytest.mark.parametrize("env_id", ["TextWatchRepair-v0", "TextWatchWorkshop-v0"])
+def test_outcome_seed_draws_the_outcome_apart_from_the_task(env_id):
+    """One reset seed fixes the task (brand, prompt); `outcome_seed` gives the transport, the return's noise, its own draw."""
+
+    def repair_episode(seed, options=None):
+        env = gym.make(env_id, noise_scale=1.0)
+        obs, _ = env.reset(seed=seed, options=options)
+        total, done = 0.0, False
+        while not done:  # the workshop takes the call of its current station: the last one named that belongs to it
+            _, reward, done, _, info = env.step("standard() repair()")
+            total += reward
+        assert info["effect"] in ("repair", "standard")
+        return obs, total
+
+    task_obs, task_return = repair_episode(5)
+    assert repair_episode(5) == (task_obs, task_return)  # without the option the reset seed fixes the whole episode
+    draws = [repair_episode(5, {"outcome_seed": k}) for k in range(6)]
+    assert {obs for obs, _ in draws} == {task_obs}  # the same task
+    assert len({ret for _, ret in draws}) == 6  # each outcome its own
+    assert repair_episode(5, {"outcome_seed": 3}) == draws[3]  # and fixed by its seed
+    with pytest.raises(ValueError, match=r"outcome_seed=-1: expected an integer >= 0"):
+        gym.make(env_id).reset(seed=5, options={"outcome_seed": -1})
+
+
+def test_outcome_seeds_keep_the_return_law():
+    """Outcomes drawn from their own seeds have the law of the task-seeded ones: the repair mean within 4 standard errors."""
+    env = TextWatchRepairEnv(max_turns=2, noise_scale=1.0)
+    returns = []
+    for k in range(400):
+        env.reset(seed=0, options={"brand": 1, "outcome_seed": k})
+        env.step("repair()")
+        returns.append(env.step("wait()")[1])
+    expected = float(env._expected_repair[1]) * env.reward_scale
+    standard_error = np.std(returns, ddof=1) / np.sqrt(len(returns))
+    assert abs(np.mean(returns) - expected) < 4 * standard_error, (np.mean(returns), expected, standard_error)

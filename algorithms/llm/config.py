@@ -195,6 +195,13 @@ class MultiTurnGRPOConfig(GRPOConfig):
         metadata={"help": "bound on an episode's prompt + completion tokens (None: the model's context length)"},
     )
     one_shot: bool = field(default=WITH_ONE_SHOT, metadata={"help": "include the one-shot ReAct example"})
+    shared_outcomes: bool = field(
+        default=False,
+        metadata={
+            "help": "the K rollouts of a task share one draw of the env's outcome (its task seed fixes it); False: each "
+            "rollout draws its own, where the env takes the reset option outcome_seed"
+        },
+    )
     system_prompt: str | None = field(
         default=None,
         metadata={"help": "module:function(one_shot) -> an env's own ReAct prompt (None: the generic one)"},

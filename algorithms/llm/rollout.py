@@ -194,9 +194,21 @@ def hf_generate(
     return answers_until_eos(new, recorder.finish(new), tokenizer.eos_token_id)
 
 
-def _reset_episodes(tokenizer, envs, task_seeds, one_shot: bool, system_prompt, max_episode_tokens) -> list[Episode]:
-    """Each env reset with its task seed; the first prompts rendered once per distinct observation, tokenized in one call."""
-    resets = [env.reset(seed=int(seed)) for env, seed in zip(envs, task_seeds)]
+def takes_outcome_seed(env: gym.Env) -> bool:
+    """The env's reset takes options={"outcome_seed": s}: the episode's outcome drawn apart from its task seed."""
+    return "outcome_seed" in env.metadata.get("reset_options", ())
+
+
+def _reset_episodes(
+    tokenizer, envs, task_seeds, one_shot: bool, system_prompt, max_episode_tokens, outcome_seeds=None
+) -> list[Episode]:
+    """Each env reset with its task seed (and outcome seed); the first prompts rendered once per distinct
+    observation, tokenized in one call."""
+    outcomes = [None] * len(envs) if outcome_seeds is None else list(outcome_seeds)
+    resets = [
+        env.reset(seed=int(seed), options=None if outcome is None else {"outcome_seed": int(outcome)})
+        for env, seed, outcome in zip(envs, task_seeds, outcomes)
+    ]
     messages = [initial_messages(str(obs), one_shot, system_prompt) for obs, _ in resets]
     rendered = {m[-1]["content"]: i for i, m in enumerate(messages)}  # K rollouts of a task share their observation
     texts = [render(tokenizer, messages[i], True) for i in rendered.values()]
@@ -276,8 +288,12 @@ def play_episodes(
     system_prompt: str | None = None,
     lockstep: bool = False,
     max_episode_tokens: int | None = None,
+    outcome_seeds: Sequence[int] | None = None,
 ) -> list[Episode]:
     """Play one episode per env, env i reset with seed task_seeds[i]; all turns batched.
+
+    `outcome_seeds`: env i's reset also gets options={"outcome_seed": outcome_seeds[i]} (only for envs that take
+    it: `takes_outcome_seed`), so that rollouts of one task meet independent outcomes. None: the task seed fixes both.
 
     `lockstep`: call `generate` on every one of the `max_turns` turns, with no contexts once this
     process's episodes are over, so that collective generation (vLLM across processes) never waits
@@ -290,7 +306,9 @@ def play_episodes(
     room for a generated token. Such episodes are marked `token_bound_reached`. A first prompt that
     already fills the bound is refused (VcbmGymError, one line). None: no bound.
     """
-    episodes = _reset_episodes(tokenizer, envs, task_seeds, one_shot, system_prompt, max_episode_tokens)
+    if outcome_seeds is not None and len(outcome_seeds) != len(task_seeds):
+        raise ValueError(f"{len(outcome_seeds)} outcome seeds for {len(task_seeds)} task seeds: expected one per task seed")
+    episodes = _reset_episodes(tokenizer, envs, task_seeds, one_shot, system_prompt, max_episode_tokens, outcome_seeds)
     for turn in range(max_turns):
         live = [i for i, e in enumerate(episodes) if not e.done]
         if not live and not lockstep:

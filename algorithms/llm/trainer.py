@@ -50,7 +50,14 @@ from algorithms.llm.checkpoints import load_loop_state, save_loop_state
 from algorithms.llm.config import LoopConfig, check_credit
 from algorithms.llm.loss import kl_old_new, ppo_clip_token_loss, token_ratios
 from algorithms.llm.metrics import local_rollout_record, rollout_metrics
-from algorithms.llm.rollout import CachedGeneration, Episode, full_attention_only, hf_generate, play_episodes
+from algorithms.llm.rollout import (
+    CachedGeneration,
+    Episode,
+    full_attention_only,
+    hf_generate,
+    play_episodes,
+    takes_outcome_seed,
+)
 from algorithms.llm.shared_prefix import shared_prefix_logps
 from algorithms.llm.vllm import gather_counts, vllm_turn
 from algorithms.registry import load_object
@@ -176,6 +183,7 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             self._system_prompt,
             lockstep=(self.use_vllm and self.accelerator.num_processes > 1) or self._sharded,
             max_episode_tokens=self.episode_token_bound,
+            outcome_seeds=self._outcome_seeds(len(seeds)),
         )
         self._iter_stats["rollout_time_s"] += time.perf_counter() - start
         self._episodes = episodes
@@ -186,6 +194,19 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             "env_mask": [e.env_mask for e in episodes],
             "episode_return": [e.episode_return for e in episodes],
         }
+
+    def _outcome_seeds(self, n: int) -> list[int] | None:
+        """Each rollout's own outcome seed; None where `shared_outcomes` is set or the env has no such option.
+
+        With one shared draw, a task's K rollouts that make the same decision get the same return, so the
+        leave-one-out contrast between decisions carries one noise draw per task instead of one per rollout.
+        The seeds come from the run seed, the optimizer step that generates the batch and the process: a seed
+        fixes them and a resumed run draws the same ones.
+        """
+        if self.args.shared_outcomes or not takes_outcome_seed(self._envs(1)[0]):
+            return None
+        entropy = [int(self.args.seed), int(self.state.global_step), int(self.accelerator.process_index)]
+        return [int(s) for s in np.random.SeedSequence(entropy).generate_state(n, dtype=np.uint32)]
 
     # --- the training pass's log-probs ---------------------------------------------------------
     def _get_per_token_logps_and_entropies(
