@@ -323,6 +323,28 @@ def test_outcome_seeds_go_only_to_envs_that_take_them():
     assert not takes_outcome_seed(AppWorldEnv.__new__(AppWorldEnv))
 
 
+def test_the_trainer_gives_each_rollout_its_own_outcome_seed_fixed_by_seed_step_and_process():
+    from types import SimpleNamespace
+
+    from algorithms.llm.trainer import MultiTurnGRPOTrainer
+
+    env = gym.make("TextWatchRepair-v0")
+
+    def seeds(step, process=0, shared=False, n=48):
+        trainer = SimpleNamespace(
+            args=SimpleNamespace(seed=0, shared_outcomes=shared),
+            state=SimpleNamespace(global_step=step),
+            accelerator=SimpleNamespace(process_index=process),
+            _envs=lambda k: [env],
+        )
+        return MultiTurnGRPOTrainer._outcome_seeds(trainer, n)
+
+    batch = seeds(4)
+    assert len(set(batch)) == 48 and batch == seeds(4)  # one per rollout; a resume at that step draws them again
+    assert not set(batch) & set(seeds(6)) and not set(batch) & set(seeds(4, process=1))  # new draws per batch, per rank
+    assert seeds(4, shared=True) is None  # shared_outcomes: the task seed fixes the outcome
+
+
 @pytest.mark.slow
 def test_empo_effect_ratio_sharing_smoke_run_logs_cell_coverage(tmp_path):
     # K = 24 rollouts of one task share the turn-0 prompt; equal parsed actions there form EMPO cells
