@@ -322,20 +322,32 @@ def test_outcome_seeds_go_only_to_envs_that_take_them():
     # AppWorld refuses reset options it does not know: it must never be sent one
     assert not takes_outcome_seed(AppWorldEnv.__new__(AppWorldEnv))
 
+    from envs.text_watch_repair import TextWatchRepairEnv
+
+    class NoResetOptions(TextWatchRepairEnv):
+        metadata = {"render_modes": ["ansi"], "render_fps": 1}
+
+        def reset(self, *, seed=None, options=None):
+            assert options is None, options
+            return super().reset(seed=seed)
+
+    _, tok = build_tiny(0)
+    answer = tok("Action : skip ( )", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    envs = [NoResetOptions(max_turns=2), gym.make("TextWatchRepair-v0", max_turns=2)]
+    episodes = play_episodes(lambda c: [(answer, [-0.5] * len(answer))] * len(c), tok, envs, [3, 3], 2, outcome_seeds=[1, 2])
+    assert [e.done for e in episodes] == [True, True]
+
 
 def test_the_trainer_gives_each_rollout_its_own_outcome_seed_fixed_by_seed_step_and_process():
     from types import SimpleNamespace
 
     from algorithms.llm.trainer import MultiTurnGRPOTrainer
 
-    env = gym.make("TextWatchRepair-v0")
-
     def seeds(step, process=0, shared=False, n=48):
         trainer = SimpleNamespace(
             args=SimpleNamespace(seed=0, shared_outcomes=shared),
             state=SimpleNamespace(global_step=step),
             accelerator=SimpleNamespace(process_index=process),
-            _envs=lambda k: [env],
         )
         return MultiTurnGRPOTrainer._outcome_seeds(trainer, n)
 

@@ -199,16 +199,19 @@ def takes_outcome_seed(env: gym.Env) -> bool:
     return "outcome_seed" in env.metadata.get("reset_options", ())
 
 
+def _reset(env: gym.Env, task_seed: int, outcome_seed: int | None):
+    if outcome_seed is None or not takes_outcome_seed(env):
+        return env.reset(seed=int(task_seed))
+    return env.reset(seed=int(task_seed), options={"outcome_seed": int(outcome_seed)})
+
+
 def _reset_episodes(
     tokenizer, envs, task_seeds, one_shot: bool, system_prompt, max_episode_tokens, outcome_seeds=None
 ) -> list[Episode]:
-    """Each env reset with its task seed (and outcome seed); the first prompts rendered once per distinct
-    observation, tokenized in one call."""
+    """Each env reset with its task seed (and its outcome seed, where the env takes one); the first prompts
+    rendered once per distinct observation, tokenized in one call."""
     outcomes = [None] * len(envs) if outcome_seeds is None else list(outcome_seeds)
-    resets = [
-        env.reset(seed=int(seed), options=None if outcome is None else {"outcome_seed": int(outcome)})
-        for env, seed, outcome in zip(envs, task_seeds, outcomes)
-    ]
+    resets = [_reset(env, seed, outcome) for env, seed, outcome in zip(envs, task_seeds, outcomes)]
     messages = [initial_messages(str(obs), one_shot, system_prompt) for obs, _ in resets]
     rendered = {m[-1]["content"]: i for i, m in enumerate(messages)}  # K rollouts of a task share their observation
     texts = [render(tokenizer, messages[i], True) for i in rendered.values()]
@@ -292,8 +295,9 @@ def play_episodes(
 ) -> list[Episode]:
     """Play one episode per env, env i reset with seed task_seeds[i]; all turns batched.
 
-    `outcome_seeds`: env i's reset also gets options={"outcome_seed": outcome_seeds[i]} (only for envs that take
-    it: `takes_outcome_seed`), so that rollouts of one task meet independent outcomes. None: the task seed fixes both.
+    `outcome_seeds`: env i's reset also gets options={"outcome_seed": outcome_seeds[i]} where the env takes it
+    (`takes_outcome_seed`; others get the task seed alone), so that rollouts of one task meet independent outcomes.
+    None: the task seed fixes both.
 
     `lockstep`: call `generate` on every one of the `max_turns` turns, with no contexts once this
     process's episodes are over, so that collective generation (vLLM across processes) never waits

@@ -50,14 +50,7 @@ from algorithms.llm.checkpoints import load_loop_state, save_loop_state
 from algorithms.llm.config import LoopConfig, check_credit
 from algorithms.llm.loss import kl_old_new, ppo_clip_token_loss, token_ratios
 from algorithms.llm.metrics import local_rollout_record, rollout_metrics
-from algorithms.llm.rollout import (
-    CachedGeneration,
-    Episode,
-    full_attention_only,
-    hf_generate,
-    play_episodes,
-    takes_outcome_seed,
-)
+from algorithms.llm.rollout import CachedGeneration, Episode, full_attention_only, hf_generate, play_episodes
 from algorithms.llm.shared_prefix import shared_prefix_logps
 from algorithms.llm.vllm import gather_counts, vllm_turn
 from algorithms.registry import load_object
@@ -196,14 +189,14 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         }
 
     def _outcome_seeds(self, n: int) -> list[int] | None:
-        """Each rollout's own outcome seed; None where `shared_outcomes` is set or the env has no such option.
+        """Each rollout's own outcome seed (play_episodes passes it to envs that take one); None under `shared_outcomes`.
 
         With one shared draw, a task's K rollouts that make the same decision get the same return, so the
         leave-one-out contrast between decisions carries one noise draw per task instead of one per rollout.
         The seeds come from the run seed, the optimizer step that generates the batch and the process: a seed
         fixes them and a resumed run draws the same ones.
         """
-        if self.args.shared_outcomes or not takes_outcome_seed(self._envs(1)[0]):
+        if self.args.shared_outcomes:
             return None
         entropy = [int(self.args.seed), int(self.state.global_step), int(self.accelerator.process_index)]
         return [int(s) for s in np.random.SeedSequence(entropy).generate_state(n, dtype=np.uint32)]
