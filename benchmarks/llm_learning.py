@@ -148,7 +148,7 @@ ABLATIONS = ("vcbm-loop/no-retrieval", "vcbm-loop/beta0")
 # 0.55 s, 0.62 s and 4.1 s).
 SETTINGS = {
     "twr-low": Setting("TextWatchRepair-v0", 0.25, 80, 10, TWR_METHODS, 2, 48, 8, 2, 5.0e-4, 0.48),
-    "twr-paper": Setting("TextWatchRepair-v0", 1.0, 120, 10, TWR_METHODS, 2, 48, 8, 2, 5.0e-4, 0.45),
+    "twr-paper": Setting("TextWatchRepair-v0", 1.0, 200, 10, TWR_METHODS, 2, 48, 8, 2, 2.5e-4, 0.45),
     "workshop-low": Setting(
         "TextWatchWorkshop-v0", 0.25, 70, 5, TWR_METHODS + ABLATIONS, 8, 48, 8, 2, 5.0e-4, 4.1, ablation_seeds=2
     ),
