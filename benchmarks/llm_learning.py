@@ -30,7 +30,7 @@ they can only repeat loop's runs, the default gives them 2 seeds each (`ablation
 Settings (SETTINGS; `--settings` picks some, `--seeds` and `--iterations` shrink them; every run of a setting
 has the same hyperparameters, so that only the credit differs):
 - `twr-low`: TextWatchRepair-v0 at noise 0.25, 10 seeds, 80 iterations of 48 rollouts (K = 8), 2 epochs, lr 5e-4;
-- `twr-paper`: at the paper's noise 1.0, 10 seeds, 120 iterations of the same batch and learning rate;
+- `twr-paper`: at the paper's noise 1.0, 10 seeds, 200 iterations of the same batch at lr 2.5e-4;
 - `workshop-low`: TextWatchWorkshop-v0 (8 stations, 8 bookmarks, top-k 6) at noise 0.25, 5 seeds (the
   ablation rows 2), 70 iterations of the same batch and learning rate;
 - `twr-noiseless` (not in the default): noise 0, 40 iterations.
@@ -46,16 +46,15 @@ while a second run used the other core, as measured over the committed table's r
 at noise 0.25, 0.45 s at noise 1.0, 4.1 s for the 8-station workshop, all with 48 rollouts and 2 epochs); the
 runs go longest first to `--workers` (2) processes, one core each:
 - workshop-low: 19 runs x (12 s + 70 x 4.1 s) = 94.7 run-minutes (3,360 episodes per run);
-- twr-paper: 30 runs x (12 s + 120 x 0.45 s) = 33.0 run-minutes (5,760 episodes per run);
+- twr-paper: 30 runs x (12 s + 200 x 0.45 s) = 51.0 run-minutes (9,600 episodes per run);
 - twr-low: 30 runs x (12 s + 80 x 0.48 s) = 25.2 run-minutes (3,840 episodes per run);
-- 153 run-minutes on 2 workers: about 77 minutes, plus about a minute of resolving configs.
-The tabular arm needs about 1,200 episodes at the paper's noise: 21% of a twr-paper run's budget.
+- 171 run-minutes on 2 workers: about 85 minutes, plus about a minute of resolving configs.
+The tabular arm needs about 1,200 episodes at the paper's noise: 12.5% of a twr-paper run's budget.
 The committed table (benchmarks/results/llm_learning/) is this default, run whole in one invocation at commit
-e48e6df: 73.5 minutes (it was planned with the pilots' 0.55 s and 0.62 s per TextWatchRepair iteration, an
-estimate of 83 minutes).
+COMMIT_TBD.
 
-How the settings were chosen (pilots: benchmarks/results/llm_learning_pilots/PILOTS.md, on seeds 100-104,
-outside the benchmark's 0-9), before the committed 10-seed run. Two earlier 10-seed runs (of commits before
+How the settings were chosen (pilots: benchmarks/results/llm_learning_pilots/PILOTS.md, on seeds 100-104 and
+200-203, outside the benchmark's 0-9), before the committed 10-seed run. Two earlier 10-seed runs (of commits before
 the outcome seeds) left loop at 7/10 and 3/10 seeds at 90% at noise 0.25 and 1.0, and the workshop at 2/5:
 there the K rollouts of a task shared one draw of the noise, so a group's contrast between repairing and
 skipping rested on one draw. With a draw per rollout (third pilot round): at noise 1.0 and lr 5e-4, vcbm-loop
@@ -64,7 +63,11 @@ setting) left loop at 90% in 1 of 3 pilots, lr 5e-4 in 3 of 3 (iterations 29-46;
 noise levels take 5e-4. The workshop learnt in no pilot at the earlier 64 rollouts, 1 epoch, lr 1e-3 (4 runs,
 60 iterations); with TextWatchRepair's batch (48 rollouts, K = 8, 2 epochs, lr 5e-4) vcbm-loop reached 90% in
 3 of 3 pilots (iterations 32-53) and loop in 1 of 2 (49). The budgets are what 90 minutes leave at the
-measured rates, twr-paper's cut to 120 (both vcbm-loop pilots reached 90% at 51) to give the workshop 70.
+measured rates. That table, at twr-paper's first budget of 120 iterations and lr 5e-4, left loop at 90% in 2 of
+10 seeds and vcbm-loop in 4 (commit e48e6df, 73.5 minutes). The fourth pilot round then fixed twr-paper's budget
+at the 200 iterations the 90 minutes leave and compared learning rates there (seeds 200-203): at 5e-4, 3 of 8 runs
+reached 90% and 3 stayed near 0.5 (one decision for every brand); at 2.5e-4, 6 of 8 reached it (iterations 83-158),
+so twr-paper takes 2.5e-4.
 
 Runs go to OUT/<setting>/<method>/seed<k>/. A run is reused when its log dir holds a finished
 summary of the same resolved config (train's config hash: algo, env, seed and every hyperparameter,
@@ -142,15 +145,12 @@ class Setting:
 RATES = ("task_goal_completion", "invalid_turn_rate")
 TWR_METHODS = ("loop", "vcbm-loop", "trl-grpo")
 ABLATIONS = ("vcbm-loop/no-retrieval", "vcbm-loop/beta0")
-# Chosen from the third pilot round (module docstring, PILOTS.md; seeds 100-104) before the committed 10-seed run.
-# Seconds per iteration: a run's wall time (after its start-up) over its iterations, while another run used the second
-# core, as measured over the committed table's runs (0.48 s, 0.45 s, 4.1 s; the run was planned with the pilots'
-# 0.55 s, 0.62 s and 4.1 s).
+# Chosen by pilots before the committed 10-seed run (module docstring; seconds per iteration: its BUDGET).
 SETTINGS = {
-    "twr-low": Setting("TextWatchRepair-v0", 0.25, 80, 10, TWR_METHODS, 2, 48, 8, 2, 5.0e-4, 0.48),
-    "twr-paper": Setting("TextWatchRepair-v0", 1.0, 200, 10, TWR_METHODS, 2, 48, 8, 2, 2.5e-4, 0.45),
+    "twr-low": Setting("TextWatchRepair-v0", 0.25, 70, 10, TWR_METHODS, 2, 48, 8, 2, 5.0e-4, 0.48),
+    "twr-paper": Setting("TextWatchRepair-v0", 1.0, 180, 10, TWR_METHODS, 2, 48, 8, 2, 2.5e-4, 0.45),
     "workshop-low": Setting(
-        "TextWatchWorkshop-v0", 0.25, 70, 5, TWR_METHODS + ABLATIONS, 8, 48, 8, 2, 5.0e-4, 4.1, ablation_seeds=2
+        "TextWatchWorkshop-v0", 0.25, 70, 5, TWR_METHODS + ABLATIONS, 8, 48, 8, 2, 5.0e-4, 4.1, ablation_seeds=1
     ),
     "twr-noiseless": Setting("TextWatchRepair-v0", 0.0, 40, 10, TWR_METHODS, 2, 48, 8, 2, 5.0e-4, 0.48),
 }
