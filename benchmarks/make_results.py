@@ -10,6 +10,8 @@ Sections (each from its own directory; a missing one is listed as not yet produc
 - llm_learning/    benchmarks/llm_learning.py's results.json (its own table function renders it)
 - llm_throughput.md  benchmarks/llm_throughput.py's own report (--markdown), rollouts/s old vs new path
 - llm_training_pass.md  benchmarks/llm_training_pass.py's own report (--markdown), TRL's training pass vs shared prompts
+- llm_old_logps.md  benchmarks/llm_old_logps.py's own report (--markdown), seconds per iteration with and without
+                   TRL's old-policy pass
 - credit_fidelity/ `algorithms.credit_fidelity` fidelity.json (+ training.json) + run.json: CASI fidelity
 Each section states the command, the git commit and the wall time that its outputs record, and says "not recorded"
 where an output does not record one. The tables are rendered by the same functions that wrote the outputs' own
@@ -218,6 +220,16 @@ def training_pass_section(markdown: Path) -> str:
     return own_report_section("LLM training pass (TRL's and shared prompts, side by side in one run)", markdown, command)
 
 
+def old_logps_section(markdown: Path) -> str:
+    """benchmarks/llm_old_logps.py's report, which names its command and commit itself."""
+    command = (
+        "python benchmarks/llm_old_logps.py --json benchmarks/results/llm_old_logps.json "
+        "--markdown benchmarks/results/llm_old_logps.md"
+    )
+    title = "LLM iterations: TRL's old-policy pass and the first epoch's log-probs, side by side in one run"
+    return own_report_section(title, markdown, command)
+
+
 def render(results_dir: Path) -> str:
     sections = [
         compare_section(
@@ -230,6 +242,7 @@ def render(results_dir: Path) -> str:
         llm_section(results_dir / "llm_learning"),
         throughput_section(results_dir / "llm_throughput.md"),
         training_pass_section(results_dir / "llm_training_pass.md"),
+        old_logps_section(results_dir / "llm_old_logps.md"),
         fidelity_section(results_dir / "credit_fidelity"),
         suite_section(
             "bsuite umbrella_length, bsuite's full protocol: tabular VCBM",

@@ -22,7 +22,10 @@ Two trainers:
    ratios (docs/papers/empo.md). It estimates the KL to the rollout policy; above `kl_abort` nats the whole
    iteration is discarded: its remaining micro-batches contribute nothing and, at its end, the
    trainable weights and optimizer state return to their values before the iteration.
-4. `_get_grad_norm` counts outlier-gradient events; `_save_checkpoint` adds the credit rule's
+4. `compute_loss` keeps a micro-batch's first-epoch log-probs as its old log-probs (pi_old of Eq. 7) for the
+   later epochs, so TRL's extra no-grad pass over the batch is skipped where it would return the same numbers
+   (`_old_policy_is_first_epoch`).
+5. `_get_grad_norm` counts outlier-gradient events; `_save_checkpoint` adds the credit rule's
    state (`state_dict`: vcbm_blend's episodic memory) and the loop's counters to TRL's checkpoints (adapter, optimizer, RNG).
 
 The pieces live beside this module: the EpisodeBatch (batch.py), the loss and KL estimate (loss.py),
@@ -74,8 +77,8 @@ class _IterationEnd(TrainerCallback):
 class MultiTurnGRPOTrainer(GRPOTrainer):
     """GRPOTrainer over whole episodes of a Gymnasium text env, with per-iteration metrics.
 
-    Advantages and loss are TRL's own; this class only supplies rollouts (`rollout_func`) and
-    records, per iteration: return, task goal completion (for the embedded text envs: the optimal
+    Advantages and loss are TRL's own (pi_old from the first epoch's pass: `compute_loss`); this class supplies
+    rollouts (`rollout_func`) and records, per iteration: return, task goal completion (for the embedded text envs: the optimal
     decision rate), invalid-turn rate, the share of advantage mass on deciding turns, tokens.
     """
 
@@ -93,6 +96,9 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
         self.reencode_rollouts = False  # True: the earlier rollout path (hf_generate every turn), for comparisons
         self.share_prompts = True  # False: TRL's training pass (every row's prompt encoded again), for comparisons
+        self.old_logps_from_first_epoch = True  # False: TRL's extra pass for the old policy's log-probs, for comparisons
+        self._skipping_old_pass = False
+        self._first_epoch_logps: list[torch.Tensor] | None = None
         self._env_pool: list[gym.Env] = []
         check_turn_limits(args.max_turns, self._envs(1)[0], env_id)
         self.writer = writer
@@ -211,6 +217,16 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         inputs (images, MoE router losses), several processes (a second forward before backward under DDP/FSDP),
         an output layer that is not float32 (TRL scores in float32), `share_prompts` off (comparisons).
         """
+        if self._skipping_old_pass and not torch.is_grad_enabled():  # TRL's old-policy pass: see _scored_batch
+            return torch.full((input_ids.size(0), logits_to_keep), math.nan, device=input_ids.device), None, None
+        logps, entropies, aux = self._training_pass(
+            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
+        )
+        if self._first_epoch_logps is not None and torch.is_grad_enabled():
+            self._first_epoch_logps.append(logps.detach())
+        return logps, entropies, aux
+
+    def _training_pass(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs):
         if not self._can_share_prompts(model, kwargs):
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
@@ -236,10 +252,71 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         self._begin_iteration()
-        output = super()._generate_and_score_completions(inputs)
+        output = self._scored_batch(super()._generate_and_score_completions, inputs)
         batch = episode_batch(self._episodes, output["completion_ids"].shape[1])
         self._record_rollouts(self._episodes, batch, output["advantages"])
         return output
+
+    # --- the old policy's log-probs: the first epoch's own ------------------------------------
+    def _old_policy_is_first_epoch(self) -> bool:
+        """TRL scores a batch a second time, before training on it, to get the log-probs of the policy that sampled it
+        (PPO's pi_old, Eq. 7) whenever it trains more than one epoch on it. Here one epoch is one optimizer step over
+        the whole batch (gradient accumulation spans the batch's micro-batches), so every micro-batch of the first
+        epoch is scored by the sampling weights themselves: its own forward pass gives pi_old, and the extra pass is
+        one forward pass per iteration spent for nothing. TRL's pass stays where it is not the same computation:
+        importance-sampling correction against vLLM and a KL penalty (both need other passes in the same place)."""
+        return (
+            self.old_logps_from_first_epoch
+            and self.num_iterations > 1
+            and self.args.gradient_accumulation_steps == self.args.steps_per_generation
+            and self.beta == 0.0
+            and not (self.use_vllm and self.vllm_importance_sampling_correction)
+        )
+
+    def _scored_batch(self, score, inputs) -> dict[str, Any]:
+        """TRL's `_generate_and_score_completions` (`score`), without its pass for the old log-probs where the first
+        epoch gives them (`_old_policy_is_first_epoch`)."""
+        self._skipping_old_pass = self._old_policy_is_first_epoch()
+        try:
+            output = score(inputs)
+        finally:
+            skipped, self._skipping_old_pass = self._skipping_old_pass, False
+        if skipped:
+            output.pop("old_per_token_logps", None)  # the skipped pass's placeholder
+        elif "old_per_token_logps" in output:
+            self._record_sampling_gap(output, output["old_per_token_logps"])
+        return output
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """TRL's loss; in a micro-batch's first epoch, its log-probs are kept as the later epochs' old log-probs.
+
+        A micro-batch without `old_per_token_logps` is in its first epoch: TRL's loss (and LOOP's) then uses the
+        detached log-probs of this very pass as pi_old, which is what TRL's separate pass would have returned.
+        """
+        first_epoch = self._old_policy_is_first_epoch() and "old_per_token_logps" not in inputs
+        self._first_epoch_logps = [] if first_epoch else None
+        try:
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            if first_epoch:
+                if len(self._first_epoch_logps) != 1:
+                    raise RuntimeError(f"{len(self._first_epoch_logps)} training passes in one loss: expected 1")
+                old = self._first_epoch_logps[0]
+                inputs["old_per_token_logps"] = old  # TRL reuses this micro-batch's dict in every epoch
+                self._record_sampling_gap(inputs, old)
+        finally:
+            self._first_epoch_logps = None
+        return loss
+
+    def _record_sampling_gap(self, inputs: dict[str, Any], old: torch.Tensor) -> None:
+        """The iteration's largest gap between the rollout engine's log-probs and the trainer's old ones, on the
+        generated tokens (`max_sampling_logprob_diff`)."""
+        sampled = inputs.get("sampling_per_token_logps")
+        if sampled is None:
+            return
+        on = (inputs["completion_mask"] * inputs.get("tool_mask", 1)).bool() & ~torch.isnan(sampled)
+        if on.any():
+            gap = (old - sampled)[on].abs().max().item()
+            self._iter_stats["max_sampling_logprob_diff"] = max(self._iter_stats.get("max_sampling_logprob_diff", 0.0), gap)
 
     # --- iteration bookkeeping ---------------------------------------------------------------
     def _begin_iteration(self) -> None:
@@ -318,7 +395,7 @@ class LoopTrainer(MultiTurnGRPOTrainer):
     # --- per-token advantages ----------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
         self._begin_iteration()
-        output = GRPOTrainer._generate_and_score_completions(self, inputs)
+        output = self._scored_batch(lambda batch: GRPOTrainer._generate_and_score_completions(self, batch), inputs)
         episodes = self._episodes
         start = time.perf_counter()
         batch = episode_batch(episodes, output["completion_ids"].shape[1])
@@ -330,11 +407,6 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         if self.args.ratio_sharing != "none":
             output["cell_ids"] = torch.as_tensor(self._cells(episodes), device=device)
         self._record_rollouts(episodes, batch, output["advantages"])
-        sampled, old = output.get("sampling_per_token_logps"), output.get("old_per_token_logps")
-        if sampled is not None and old is not None:  # rollout engine vs trainer, on the generated tokens
-            on = (output["completion_mask"] * output.get("tool_mask", 1)).bool() & ~torch.isnan(sampled)
-            if on.any():
-                self._iter_stats["max_sampling_logprob_diff"] = (old - sampled)[on].abs().max().item()
         return output
 
     def token_advantages(self, batch: EpisodeBatch) -> np.ndarray:
