@@ -52,6 +52,8 @@ and 4.19 s. The runs go longest first to `--workers` (2) processes, one core eac
 - twr-low: 30 runs x (12 s + 70 x 0.53 s) = 24.5 run-minutes (3,360 episodes per run);
 - 173 run-minutes on 2 workers: about 87 minutes, plus about a minute of resolving configs.
 The tabular arm needs about 1,200 episodes at the paper's noise: 11% of a twr-paper run's budget.
+The committed table (benchmarks/results/llm_learning/) is this default, run whole in one invocation at commit
+078df1d: 74.2 minutes, on a faster day (0.44-0.47 s and 3.4-3.9 s per iteration).
 The table at commit 94f0920 (twr-paper at 180 iterations) ran whole in one invocation in 86.7 minutes; it had been
 planned at 77 minutes with the rates before it (0.48 s, 0.45 s and 4.1 s per iteration): this machine's speed
 varies by 11-24% from day to day, which is why the rates above are that slow day's.
