@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from algorithms.common import cli  # noqa: E402
-from algorithms.common.provenance import command_line, environment_record  # noqa: E402
+from algorithms.common.provenance import check_report_files, environment_record, write_report  # noqa: E402
 from benchmarks.llm_learning import SETTINGS  # noqa: E402
 
 PATHS = ("trl_pass", "first_epoch")
@@ -128,9 +128,7 @@ def run(argv: list[str]) -> list[dict]:
     parser.add_argument("--markdown", help="also write the printed report here")
     args = parser.parse_args(argv)
     cli.check_int(args.iterations, "--iterations", 1)
-    for option, path in (("--json", args.json), ("--markdown", args.markdown)):
-        if path:
-            cli.check_output_file(path, option)
+    check_report_files(args.json, args.markdown)
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
@@ -141,13 +139,9 @@ def run(argv: list[str]) -> list[dict]:
     rows = [measure(name, args.model, args.iterations) for name in args.settings]
     lines = report(rows, time.perf_counter() - start)
     print("\n".join(lines))
-    command = command_line("python benchmarks/llm_old_logps.py", argv)
-    if args.json:
-        cli.atomic_write_json(args.json, {"command": command, **record, "rows": rows})
-    if args.markdown:
-        dirty = " (with uncommitted changes)" if record["git_dirty"] else ""
-        head = f"Command: `{command}`; commit: {record['git_commit'] or 'not recorded'}{dirty}.\n\n"
-        cli.atomic_write_text(args.markdown, "# Old-policy log-probs\n\n" + head + "```\n" + "\n".join(lines) + "\n```\n")
+    write_report(
+        "Old-policy log-probs", "python benchmarks/llm_old_logps.py", argv, record, rows, lines, args.json, args.markdown
+    )
     return rows
 
 

@@ -49,6 +49,7 @@ sys.path.insert(0, str(REPO))
 
 from algorithms.common import cli  # noqa: E402
 from algorithms.common.errors import VcbmGymError  # noqa: E402
+from algorithms.common.provenance import check_report_files  # noqa: E402
 
 ENV_ID = "TextWatchRepair-v0"
 TURNS = 3
@@ -228,9 +229,7 @@ def run(argv: list[str]) -> dict:
     if bad:
         raise VcbmGymError(f"--sizes {' '.join(map(str, bad))}: expected multiples of {K} (rollouts per task)")
     cli.check_int(args.iterations, "--iterations", 1)
-    for option, path in (("--json", args.json), ("--markdown", args.markdown)):
-        if path:
-            cli.check_output_file(path, option)
+    check_report_files(args.json, args.markdown)
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch

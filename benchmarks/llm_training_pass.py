@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from algorithms.common import cli  # noqa: E402
 from algorithms.common.errors import VcbmGymError  # noqa: E402
-from algorithms.common.provenance import command_line, environment_record  # noqa: E402
+from algorithms.common.provenance import check_report_files, environment_record, write_report  # noqa: E402
 
 ENV_ID = "TextWatchRepair-v0"
 TURNS = 2
@@ -164,9 +164,7 @@ def run(argv: list[str]) -> list[dict]:
     if bad:
         raise VcbmGymError(f"--sizes {' '.join(map(str, bad))}: expected multiples of {K} (rollouts per task)")
     cli.check_int(args.repeats, "--repeats", 1)
-    for option, path in (("--json", args.json), ("--markdown", args.markdown)):
-        if path:
-            cli.check_output_file(path, option)
+    check_report_files(args.json, args.markdown)
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
@@ -177,13 +175,9 @@ def run(argv: list[str]) -> list[dict]:
     rows = [measure(args.model, n, args.repeats) for n in args.sizes]
     lines = report(rows, time.perf_counter() - start)
     print("\n".join(lines))
-    command = command_line("python benchmarks/llm_training_pass.py", argv)
-    if args.json:
-        cli.atomic_write_json(args.json, {"command": command, **record, "rows": rows})
-    if args.markdown:
-        dirty = " (with uncommitted changes)" if record["git_dirty"] else ""
-        head = f"Command: `{command}`; commit: {record['git_commit'] or 'not recorded'}{dirty}.\n\n"
-        cli.atomic_write_text(args.markdown, "# LLM training pass\n\n" + head + "```\n" + "\n".join(lines) + "\n```\n")
+    write_report(
+        "LLM training pass", "python benchmarks/llm_training_pass.py", argv, record, rows, lines, args.json, args.markdown
+    )
     return rows
 
 

@@ -59,6 +59,34 @@ def command_line(prog: str, argv: Sequence[str]) -> str:
     return shlex.join([*shlex.split(prog), *map(str, argv)])
 
 
+def check_report_files(json_path: str | None, markdown_path: str | None) -> None:
+    """Refuse a benchmark's unwritable `--json` / `--markdown` file (one line) before it runs anything."""
+    for option, path in (("--json", json_path), ("--markdown", markdown_path)):
+        if path:
+            cli.check_output_file(path, option)
+
+
+def write_report(
+    title: str,
+    prog: str,
+    argv: Sequence[str],
+    record: dict[str, Any],
+    rows: list[dict],
+    lines: list[str],
+    json_path: str | None,
+    markdown_path: str | None,
+) -> None:
+    """A side-by-side benchmark's outputs: `--json` its rows with the command and `record` (environment_record,
+    taken before the runs), `--markdown` its printed report under `# title`, with the command and commit."""
+    command = command_line(prog, argv)
+    if json_path:
+        cli.atomic_write_json(json_path, {"command": command, **record, "rows": rows})
+    if markdown_path:
+        dirty = " (with uncommitted changes)" if record["git_dirty"] else ""
+        head = f"Command: `{command}`; commit: {record['git_commit'] or 'not recorded'}{dirty}.\n\n"
+        cli.atomic_write_text(markdown_path, f"# {title}\n\n" + head + "```\n" + "\n".join(lines) + "\n```\n")
+
+
 @dataclasses.dataclass(frozen=True)
 class Start:
     """When a command started, and the commit and versions it started with (the code that ran)."""
