@@ -22,6 +22,10 @@ every experiment by a `bsuite_id`, "<experiment>/<setting index in the experimen
   into the same directory fails at its first logged episode instead of mixing the two runs.
   `algorithms/bsuite_score.py` scores such directories with bsuite's own analysis.
 
+An id it does not know is one `BSuiteIdError` line naming the experiment's settings (`bsuite_id_problem`;
+`env_id_problem` for an env id such as `bsuite:umbrella_length/23`), and `BSuite-v0` without a bsuite_id says
+that one is required.
+
 bsuite itself is imported only when an env is built (it takes about a second): `vcbm_gym` registers
 one Gymnasium id per bsuite_id from `SWEEP_SIZES` without importing it.
 """
@@ -38,6 +42,9 @@ import numpy as np
 from gymnasium import spaces
 
 SEPARATOR = "/"  # bsuite.sweep.SEPARATOR
+EXAMPLE_ID = "umbrella_length/9"
+# What bsuite.utils.wrappers.Logging._log_bsuite_data writes for every env; the env's bsuite_info() adds its own.
+LOGGED_COLUMNS = ("steps", "episode", "total_return", "episode_len", "episode_return")
 INSTALL_HINT = "bsuite is not installed: pip install 'vcbm-gym[bsuite]' (shimmy[bsuite])"
 
 
@@ -141,17 +148,51 @@ SWEEP_SIZES: Mapping[str, int] = {
 BSUITE_IDS: tuple[str, ...] = tuple(f"{name}{SEPARATOR}{i}" for name, size in SWEEP_SIZES.items() for i in range(size))
 
 
-def parse_bsuite_id(bsuite_id: Any) -> tuple[str, int]:
-    """'umbrella_length/9' -> ('umbrella_length', 9); ValueError (one line) for an id this adapter does not know."""
-    name, sep, index = str(bsuite_id).partition(SEPARATOR)
-    canonical = index.isascii() and index.isdigit() and index == str(int(index))  # bsuite's ids: no "09", no "+9"
-    if not isinstance(bsuite_id, str) or not sep or name not in SWEEP_SIZES or not canonical:
-        raise ValueError(
-            f"bsuite_id={bsuite_id!r}: expected '<experiment>/<setting>' with experiment one of {', '.join(SWEEP_SIZES)}"
+class BSuiteIdError(ValueError):
+    """No bsuite_id, or one this adapter does not know. The message stands on its own (it names the id and the
+    valid ones), so that algorithms.common.config.make_env reports it without the env_kwargs around it."""
+
+
+def bsuite_id_problem(text: str, prefix: str = "") -> str | None:
+    """Why `text` is not a bsuite_id this adapter knows, naming the valid ones (examples written with `prefix`,
+    e.g. "bsuite:"); None for a known id."""
+    name, sep, index = text.partition(SEPARATOR)
+    if name not in SWEEP_SIZES:
+        return (
+            f"experiment {name!r} is none of {', '.join(SWEEP_SIZES)}: expected {prefix}<experiment>/<setting> "
+            f"(e.g. {prefix}{EXAMPLE_ID})"
         )
-    if int(index) >= SWEEP_SIZES[name]:
-        raise ValueError(f"bsuite_id={bsuite_id!r}: {name} has settings 0 to {SWEEP_SIZES[name] - 1}")
+    last = SWEEP_SIZES[name] - 1
+    settings = f"{name} has settings 0 to {last} (e.g. {prefix}{name}{SEPARATOR}{last})"
+    if not sep:
+        return f"no setting: expected {prefix}{name}{SEPARATOR}<setting>; {settings}"
+    if not (index.isascii() and index.isdigit() and index == str(int(index))):
+        return f"setting {index!r} is not written as bsuite writes it (digits, no sign, no leading zero); {settings}"
+    if int(index) > last:
+        return settings
+    return None
+
+
+def parse_bsuite_id(bsuite_id: Any) -> tuple[str, int]:
+    """'umbrella_length/9' -> ('umbrella_length', 9); BSuiteIdError (one line) for an id this adapter does not know."""
+    if not isinstance(bsuite_id, str):
+        raise BSuiteIdError(f"bsuite_id={bsuite_id!r}: expected a string '<experiment>/<setting>' (e.g. {EXAMPLE_ID})")
+    problem = bsuite_id_problem(bsuite_id)
+    if problem is not None:
+        raise BSuiteIdError(f"bsuite_id={bsuite_id!r}: {problem}")
+    name, _, index = bsuite_id.partition(SEPARATOR)
     return name, int(index)
+
+
+def env_id_problem(env_id: str) -> str | None:
+    """For an env id in bsuite's form that names no registered setting (`bsuite:umbrella_length`,
+    `bsuite:umbrella_length/23`, `bsuite:nope/1`, `umbrella_length/03`): one line naming the experiment's valid
+    settings; None for any other id (a registered one, or one that is not bsuite's)."""
+    module, _, name = env_id.rpartition(":")
+    if module != "bsuite" and name.partition(SEPARATOR)[0] not in SWEEP_SIZES:
+        return None
+    problem = bsuite_id_problem(name, prefix="bsuite:")
+    return None if problem is None else f"--env {env_id!r}: {problem}"
 
 
 def csv_log_path(log_dir: str | os.PathLike, bsuite_id: str) -> str:
@@ -217,11 +258,16 @@ class BSuiteEnv(gym.Env):
 
     def __init__(
         self,
-        bsuite_id: str,
+        bsuite_id: str | None = None,
         log_dir: str | os.PathLike | None = None,
         integer_observations: bool = False,
         render_mode: str | None = None,
     ) -> None:
+        if bsuite_id is None:  # a keyword with a default so that the error can say what to pass
+            raise BSuiteIdError(
+                f"bsuite_id is required: expected env_kwargs={{bsuite_id: {EXAMPLE_ID}}} with BSuite-v0, "
+                f"or the id form bsuite:{EXAMPLE_ID}"
+            )
         experiment, _ = parse_bsuite_id(bsuite_id)
         if render_mode is not None:
             raise ValueError(f"render_mode={render_mode!r}: bsuite envs do not render (expected None)")
@@ -269,6 +315,11 @@ class BSuiteEnv(gym.Env):
             raise ValueError(f"log_dir={log_dir!r}: expected a directory path")
         self.logger = RunCsvLogger(self.bsuite_id, log_dir)
         self._dm_env = self._logging_wrapper(self._raw, self.logger)
+
+    @property
+    def log_columns(self) -> tuple[str, ...]:
+        """The columns of bsuite's CSV log of this setting, as bsuite's Logging wrapper writes them."""
+        return (*LOGGED_COLUMNS, *self._raw.bsuite_info())
 
     @property
     def log_path(self) -> str | None:

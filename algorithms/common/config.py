@@ -27,6 +27,15 @@ _Loader.add_implicit_resolver(
 )
 
 
+def load_object(target: str) -> Any:
+    """Import "package.module:Attribute" (or a whole module)."""
+    import importlib
+
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, attr) if attr else module
+
+
 def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
 
@@ -209,10 +218,35 @@ def make_env(env_id: str, env_kwargs: Mapping[str, Any], **extra: Any) -> Any:
     """gym.make with the env constructor's own checks turned into one ConfigError line."""
     import gymnasium as gym
 
+    from envs.bsuite import BSuiteIdError, env_id_problem
+
+    check_bsuite_setting(env_id, env_kwargs)
     try:
         return gym.make(env_id, **extra, **env_kwargs)
+    except BSuiteIdError as exc:  # names the id itself; env_kwargs may hold keys a runner added, not the user
+        raise ConfigError(f"env {env_id}: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"env_kwargs {dict(env_kwargs)!r} for {env_id}: {exc}") from None
+    except gym.error.UnregisteredEnv:
+        problem = env_id_problem(env_id)
+        if problem is None:
+            raise
+        raise ConfigError(problem) from None
+
+
+def check_bsuite_setting(env_id: str, env_kwargs: Mapping[str, Any]) -> None:
+    """An id of one bsuite setting (bsuite:umbrella_length/9) fixes its bsuite_id: env_kwargs naming another
+    would run that one while config.yml and summary.json name the id's."""
+    from gymnasium.envs.registration import registry
+
+    spec = registry.get(env_id.rpartition(":")[2])
+    fixed = None if spec is None else spec.kwargs.get("bsuite_id")
+    asked = env_kwargs.get("bsuite_id", fixed)
+    if fixed is not None and asked != fixed:
+        raise ConfigError(
+            f"env_kwargs bsuite_id={asked!r} for env {env_id}, which is bsuite_id {fixed!r}: expected one setting, "
+            "named by the env id alone (bsuite:<experiment>/<setting>) or by BSuite-v0 with env_kwargs bsuite_id"
+        )
 
 
 def log_env_to_run_dir(env: Any, log_dir: str, env_kwargs: Mapping[str, Any], index: int | None = None) -> None:

@@ -20,22 +20,24 @@ LOCK_FILE = ".compare.lock"  # compare's and suite's (one name: a compare and a 
 
 
 @contextlib.contextmanager
-def locked(out: Path) -> Iterator[None]:
-    """Hold OUT/.compare.lock (fcntl: released by the kernel when the holder dies, even by SIGKILL)."""
+def locked(out: Path, command: str = "compare") -> Iterator[None]:
+    """Hold OUT/.compare.lock for `command` (fcntl: released by the kernel when the holder dies, even by SIGKILL).
+    The holder writes its pid and command into the file, so that a refused command names the one it waits for."""
     path = out / LOCK_FILE
     handle = open(path, "a+")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         handle.seek(0)
-        holder = handle.read().strip() or "?"
+        pid, _, holder = handle.read().strip().partition(" ")
         handle.close()
         raise VcbmGymError(
-            f"--out {str(out)!r} is in use by another compare (pid {holder}, lock {str(path)!r}): expected one compare per --out"
+            f"--out {str(out)!r} is in use by another {holder or 'compare or suite'} (pid {pid or '?'}, lock {str(path)!r}): "
+            "expected one compare or suite per --out"
         ) from None
     try:
         handle.truncate(0)
-        handle.write(f"{os.getpid()}\n")
+        handle.write(f"{os.getpid()} {command}\n")
         handle.flush()
         yield
     finally:

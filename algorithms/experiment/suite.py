@@ -31,14 +31,24 @@ import dataclasses
 import importlib
 import logging
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from algorithms import bsuite_score
 from algorithms.common import cli, config, provenance
 from algorithms.common.errors import VcbmGymError
 from algorithms.experiment import executor, stats
-from algorithms.experiment.jobs import MAX_SEEDS, MAX_WORKERS, Job, count_finished, resolve_label, seed_jobs, train_jobs
+from algorithms.experiment.jobs import (
+    MAX_SEEDS,
+    MAX_WORKERS,
+    Job,
+    count_finished,
+    parse_label,
+    resolve_label,
+    seed_jobs,
+    train_jobs,
+)
 from algorithms.experiment.results import atomic_file, locked, runs_record, write_results
 from algorithms.registry import get_arm
 
@@ -53,6 +63,10 @@ SHORT_PROTOCOL: dict[str, tuple[tuple[int, ...], int]] = {
     "memory_size": ((0, 2, 4, 6), 1_000),
 }
 SETTING_VARS = ("chain_length", "n_distractor", "mapping_seed", "memory_length", "num_bits")
+SUITE_ENV_KWARGS = {  # env_kwargs the suite sets for every run -> why the user may not
+    "bsuite_id": "the suite sets each run's setting from --experiment and --settings",
+    "log_dir": "the suite writes each run's bsuite log into that run's own dir under --out, where it is scored",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,10 +109,31 @@ def protocol_settings(
     return [Setting(f"{experiment}/{index}", episodes or budget) for index in chosen]
 
 
+def check_algos(labels: Sequence[str]) -> None:
+    """Only arms that train on a Gymnasium env by episodes (tabular, SB3) take the suite's settings."""
+    for label in labels:
+        arm = get_arm(parse_label(label)[0])
+        if not arm.reports_convergence:
+            raise VcbmGymError(
+                f"--algos {label}: the suite takes tabular or SB3 algos, not {arm.name} ones (bsuite's envs are not text envs)"
+            )
+
+
+def check_env_kwargs(env_kwargs: Any, source: str) -> None:
+    """The suite owns two env_kwargs: each run's setting and where its bsuite log goes (its own run dir, where
+    scoring reads it; a shared log_dir makes every seed after the first fail on the file the first one holds)."""
+    if not isinstance(env_kwargs, Mapping):
+        return  # the arm refuses a non-mapping in its own words
+    for key, owner in SUITE_ENV_KWARGS.items():
+        if key in env_kwargs:
+            raise VcbmGymError(f"{source} env_kwargs {key}={env_kwargs[key]!r}: {owner}; expected env_kwargs without {key}")
+
+
 def make_jobs(args: argparse.Namespace, settings: list[Setting], runs_dir: Path) -> list[Job]:
     """One job per (algo, setting, seed), each carrying its RunSpec, resolved once per (algo, setting) in memory
     (bad settings fail here, before any run). --hyperparams are parsed here, once."""
     overrides = config.parse_overrides(args.hyperparams)
+    check_env_kwargs(overrides.get("env_kwargs"), "--hyperparams")
     seeds = range(args.seed_start, args.seed_start + args.seeds)
     jobs = []
     for label in args.algos:
@@ -107,10 +142,9 @@ def make_jobs(args: argparse.Namespace, settings: list[Setting], runs_dir: Path)
             mapping = {"stop_at_convergence": False, "max_episodes": setting.episodes, **overrides}
             try:
                 spec = resolve_label(label, setting.env_id, args.seed_start, mapping)
+                check_env_kwargs(spec.hyperparams.get("env_kwargs"), f"the zoo config of {spec.algo}:")
             except VcbmGymError as exc:
                 raise VcbmGymError(f"{label} on {setting.bsuite_id}: {exc}") from None
-            if not get_arm(spec.algo).reports_convergence:
-                raise VcbmGymError(f"--algos {label}: the suite runs the tabular and SB3 algos (bsuite's envs are not text envs)")
             where = runs_dir / label / setting.dir_name
             jobs += seed_jobs(f"{label} on {setting.bsuite_id}", spec, seeds, lambda seed, where=where: where / f"seed{seed}")
     return jobs
@@ -238,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--algos", nargs="+", required=True, help="tabular or SB3 algos, ALGO+RULE for a credit rule")
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--seed-start", type=int, default=0)
-    parser.add_argument("--protocol", default="bsuite", help=f"one of {', '.join(PROTOCOLS)} (default: bsuite's own)")
+    parser.add_argument("--protocol", default=None, help=f"one of {', '.join(PROTOCOLS)} (default: bsuite's own)")
     parser.add_argument("--short", action="store_true", help="the same as --protocol short")
     parser.add_argument("--episodes", type=int, default=None, help="episodes per setting (default: the protocol's)")
     parser.add_argument("--settings", type=int, nargs="+", default=None, help="setting indices (default: the protocol's)")
@@ -253,9 +287,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_args(args: argparse.Namespace) -> None:
     if args.short:
-        if args.protocol not in ("bsuite", "short"):
-            raise VcbmGymError(f"--short with --protocol {args.protocol!r}: expected one of them")
+        if args.protocol not in (None, "short"):
+            raise VcbmGymError(f"--short with --protocol {args.protocol!r}: expected one of them (--short is --protocol short)")
         args.protocol = "short"
+    args.protocol = args.protocol or "bsuite"
     cli.check_int(args.seeds, "--seeds", 1, MAX_SEEDS)
     cli.check_int(args.workers, "--workers", 0, MAX_WORKERS)
     cli.check_seed(args.seed_start, "--seed-start")
@@ -271,6 +306,7 @@ def check_args(args: argparse.Namespace) -> None:
         if len(set(values)) != len(values):
             raise VcbmGymError(f"{option} {values}: expected distinct values")
     executor.check_backend(args.backend, args.address, args.workers)
+    check_algos(args.algos)
     try:
         import bsuite  # noqa: F401
     except ModuleNotFoundError:
@@ -290,7 +326,7 @@ def run(argv: Sequence[str] | None = None) -> dict[str, Any]:
     with executor.sigterm_stops():
         jobs = make_jobs(args, settings, out / "runs")  # every algo and setting resolved before --out is written
         out = cli.output_dir(out, "--out")
-        with locked(out):
+        with locked(out, "suite"):
             reused = count_finished(jobs)
             summaries = train_jobs(jobs, args.workers, progress=not args.no_progress, backend=args.backend, address=args.address)
             results = aggregate(args, experiments, jobs)
