@@ -29,6 +29,7 @@ from vcbm_gym.credit.causal_roles import (
     DEFAULT_CAUSAL_TEST,
     FREQUENCY,
     FREQUENCY_AND_VALUE,
+    FREQUENCY_VALUE_AND_CONTEXT,
     ChangeStatistics,
     Role,
     classify_roles,
@@ -187,11 +188,12 @@ def test_the_paper_test_ignores_the_value_counts_and_classify_roles_stays_eq_9()
         ChangeStatistics(3, count_values=False).roles(0.9, 4.0, FREQUENCY_AND_VALUE)
 
 
-def test_the_default_is_the_value_test_and_the_zoo_keeps_the_paper_test_on_watch_repair():
+def test_the_default_includes_the_value_test_and_the_zoo_keeps_the_paper_test_on_watch_repair():
     from algorithms.common.config import zoo_hyperparams
     from algorithms.common.errors import ConfigError
 
-    assert VCBMConfig().causal_test == DEFAULT_CAUSAL_TEST == FREQUENCY_AND_VALUE
+    # the default adds the context test (issue 36) on top of the value test: see tests/test_context_roles.py
+    assert VCBMConfig().causal_test == DEFAULT_CAUSAL_TEST == FREQUENCY_VALUE_AND_CONTEXT
     for algo in ("vcbm", "vcbm+"):
         assert zoo_hyperparams(algo, "WatchRepair-v0")["causal_test"] == FREQUENCY
     with pytest.raises(ConfigError, match="causal_test='value'"):

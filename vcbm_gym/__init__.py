@@ -35,6 +35,7 @@ _ENVS = {
     "SetRetrieval-v0": dict(entry_point="envs.set_retrieval:SetRetrievalEnv"),
     "TextSetRetrieval-v0": dict(entry_point="envs.set_retrieval:TextSetRetrievalEnv"),
     "AppWorld-v0": dict(entry_point="envs.appworld.env:AppWorldEnv"),
+    "ContextMatch-v0": dict(entry_point="envs.context_match:ContextMatchEnv"),  # VCBM's context test (issue 36)
 }
 # Gymnasium tasks given a delayed reward: the same spec (entry point, time limit, kwargs), with
 # DelayedReward applied after the time limit, so that a truncated episode is paid too.

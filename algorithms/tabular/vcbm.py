@@ -4,8 +4,9 @@ Sec. IV-A; choices in docs/papers/vcbm.md ("Tabular VCBM").
 1. Warm-up: act uniformly for `warmup_transitions`, counting which component changed under which
    action (`ChangeStatistics`).
 2. Causal roles (Eq. 9-10, `classify_roles`), refreshed every `refresh_every` transitions. The
-   causal test is a setting: `causal_test: frequency` is the paper's; the default
-   "frequency+value" also finds decisions that set a value (docs/papers/vcbm.md, "The value test").
+   causal test is a setting: `causal_test: frequency` is the paper's; "frequency+value" also finds
+   decisions that set a value (docs/papers/vcbm.md, "The value test"); the default
+   "frequency+value+context" also finds effects that depend on a context ("The context test").
    A run whose roles give no bookmark after the warm-up says so once (one stderr line) and logs
    `vcbm/no_bookmarks` = 1 at every refresh that finds none.
 3. Bookmarks: states whose controlled+clock projection was seen just before a controlled change;
@@ -45,7 +46,6 @@ from vcbm_gym.credit.causal_roles import (
     CAUSAL_TESTS,
     DEFAULT_CAUSAL_TEST,
     ETA_CLOCK,
-    FREQUENCY_AND_VALUE,
     WARMUP_TRANSITIONS,
     Z_THRESH,
     ChangeStatistics,
@@ -199,8 +199,7 @@ class VCBMAgent(TabularAgent):
             raise ValueError(f"tabular VCBM tests two actions against each other; got {self.n_actions}")
         self.no_bookmarks_warned = False
         n_components = int(np.prod(observation_space.shape))
-        # value counts only for the test that reads them: the paper's test runs as fast as before
-        self.stats = ChangeStatistics(n_components, self.n_actions, count_values=config.causal_test == FREQUENCY_AND_VALUE)
+        self.stats = ChangeStatistics.for_test(n_components, self.n_actions, config.causal_test)
         self.roles: list[Role] | None = None
         self._roles_refreshed = False
         self._contexts: set[tuple[int, ...]] = set()

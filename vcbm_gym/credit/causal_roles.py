@@ -13,6 +13,11 @@ Two causal tests (`CAUSAL_TESTS`):
   start is random (bsuite's umbrella: "take the umbrella" sets have_umbrella := 1 whatever it was)
   changes the component under either action equally often, half of the time from each side, so
   Eq. 10 sees equal rates and calls it noise; the arrival rate at each value tells the two apart.
+- "frequency+value+context" (beyond the paper, docs/papers/vcbm.md "The context test"; the default): also
+  controlled when, within one context (the values of the components the first two tests call static
+  or controlled), how often it changes depends on the action (`context_change_z`). An effect whose
+  sign depends on the context ("the flag is set when the action matches the context bit") averages
+  out over the contexts, so both marginal tests call it noise.
 """
 
 from __future__ import annotations
@@ -21,18 +26,27 @@ from enum import IntEnum
 from statistics import NormalDist
 
 import numpy as np
+from scipy.special import ndtri_exp
+from scipy.stats import hypergeom
 
 FREQUENCY = "frequency"  # the VCBM paper's Eq. 9-10
 FREQUENCY_AND_VALUE = "frequency+value"  # Eq. 9-10 or `value_arrival_z` (beyond the paper)
-CAUSAL_TESTS = (FREQUENCY, FREQUENCY_AND_VALUE)
+FREQUENCY_VALUE_AND_CONTEXT = "frequency+value+context"  # or `context_change_z` (beyond the paper)
+CAUSAL_TESTS = (FREQUENCY, FREQUENCY_AND_VALUE, FREQUENCY_VALUE_AND_CONTEXT)
 # The one place the agents' default test is set (VCBMRolesConfig.causal_test reads it); the zoo's
 # WatchRepair-v0 entries pin the paper's "frequency" so that Table II is the paper's setting.
-DEFAULT_CAUSAL_TEST = FREQUENCY_AND_VALUE
+DEFAULT_CAUSAL_TEST = FREQUENCY_VALUE_AND_CONTEXT
 # The paper's settings of the role test (arXiv:2610.24032, Sec. V-A1), written once: `classify_roles`, tabular
 # VCBM's config (algorithms/tabular/vcbm.py VCBMRolesConfig) and the vcbm_bookmark rule default to them.
 ETA_CLOCK = 0.9  # a component that changes on more than this share of transitions under every action is a clock
 Z_THRESH = 4.0  # Eq. 10's z above which a component's change rate depends on the action (controlled)
 WARMUP_TRANSITIONS = 2000  # transitions counted before the first role test
+
+
+def check_causal_test(causal_test: str) -> None:
+    """One line naming a causal test that is none of `CAUSAL_TESTS`."""
+    if causal_test not in CAUSAL_TESTS:
+        raise ValueError(f"causal_test={causal_test!r}: expected one of {', '.join(CAUSAL_TESTS)}")
 
 
 class Role(IntEnum):
@@ -97,6 +111,58 @@ def value_arrival_z(
     return float(z.max()), family_threshold(z_thresh, tested)
 
 
+def exact_change_z(c0: np.ndarray, c1: np.ndarray, n0: np.ndarray, n1: np.ndarray) -> np.ndarray:
+    """Fisher's exact test of Eq. 10's question (rho_0 = rho_1) on each 2x2 table
+    [[c0, n0 - c0], [c1, n1 - c1]], returned on Eq. 10's z scale; for tables too small for its normal
+    approximation (one change under one action among 50 non-changes under the other is z = 7.1 there).
+
+    Given the margins, the changes under action 0 are hypergeometric, X ~ Hypergeom(n0 + n1, c0 + c1, n0)
+    (Fisher, "The Design of Experiments", 1935, Sec. 2). Two-sided p = min(1, 2 min(P(X <= c0), P(X >= c0))),
+    the doubled one-sided p; z = Phi^-1(1 - p / 2), the |z| with the same two-sided tail, computed from log p
+    (scipy.special.ndtri_exp) so that a p below 1e-300 keeps a finite z. A table that cannot show a
+    difference (no trial under one action, no change or only changes) has p = 1, z = 0.
+    """
+    c0, c1, n0, n1 = np.broadcast_arrays(*(np.asarray(x, np.int64) for x in (c0, c1, n0, n1)))
+    trials, changed = n0 + n1, c0 + c1
+    informative = (n0 > 0) & (n1 > 0) & (changed > 0) & (changed < trials)
+    # the others get a harmless table (p = 1): scipy would warn on an empty population
+    c0, trials, changed, n0 = (np.where(informative, x, fill) for x, fill in ((c0, 0), (trials, 2), (changed, 1), (n0, 1)))
+    log_tail = np.minimum(hypergeom.logcdf(c0, trials, changed, n0), hypergeom.logsf(c0 - 1, trials, changed, n0))
+    log_half_p = np.minimum(log_tail, -np.log(2.0))  # log(p / 2), p capped at 1
+    return np.where(informative, np.maximum(-ndtri_exp(log_half_p), 0.0), 0.0)
+
+
+def context_change_z(change_counts: np.ndarray, action_counts: np.ndarray, z_thresh: float) -> tuple[np.ndarray, np.ndarray]:
+    """Beyond the VCBM paper (docs/papers/vcbm.md, "The context test"): Eq. 10's question asked
+    within each context.
+
+    change_counts[s, i, a]: transitions under action a from context s on which component i changed;
+    action_counts[s, a]: transitions under a from context s. Each context's table is tested exactly
+    (`exact_change_z`). Returns, per component, (the largest z over the contexts, the threshold it must
+    pass): z_thresh raised (`family_threshold`, Bonferroni) for the number of contexts whose table can
+    show a difference, so that a component's false-positive rate stays that of one test at z_thresh.
+    A table left out has p = 1 given its margins and can never pass, so leaving it out keeps the
+    family's rate (Tarone, "A modified Bonferroni method for discrete data", Biometrics 46, 1990).
+    """
+    c, n = np.asarray(change_counts, np.int64), np.asarray(action_counts, np.int64)
+    if c.ndim != 3 or c.shape[2] != 2 or n.shape != (c.shape[0], 2):
+        raise ValueError(
+            f"change_counts {c.shape}, action_counts {n.shape}: expected (contexts, components, 2) and (contexts, 2)"
+        )
+    n0, n1 = n[:, None, 0], n[:, None, 1]
+    z = exact_change_z(c[..., 0], c[..., 1], n0, n1)
+    changed = c.sum(axis=2)
+    tested = ((n0 > 0) & (n1 > 0) & (changed > 0) & (changed < n0 + n1)).sum(axis=0)
+    thresholds = np.array([family_threshold(z_thresh, int(m)) for m in tested])
+    return z.max(axis=0, initial=0.0), thresholds
+
+
+def stratum_components(roles: list[Role]) -> list[int]:
+    """The context test's strata: the components the marginal tests call static or controlled (those the
+    bookmark key is built from, less the clock, whose every step would be a context of its own)."""
+    return [i for i, r in enumerate(roles) if r in (Role.STATIC, Role.CONTROLLED)]
+
+
 def classify_roles(
     change_counts: np.ndarray,
     action_counts: np.ndarray,
@@ -144,13 +210,116 @@ def _add_value_counts(table: dict[int, np.ndarray], values: np.ndarray, actions:
         row += counts
 
 
+def _fitting_dtype(dtype: np.dtype, values: np.ndarray) -> np.dtype:
+    """The smallest integer dtype that holds `dtype`'s values and `values`."""
+    if not values.size:
+        return dtype
+    low, high = int(values.min()), int(values.max())
+    return np.result_type(dtype, np.min_scalar_type(low), np.min_scalar_type(high))
+
+
+class TransitionLog:
+    """Every counted transition's start state, action and which components changed, for the context
+    test (`context_change_z`): its contexts are projections on components that only the roles name,
+    and the roles change at every refresh, so the transitions are kept, not counts. States are stored
+    in the smallest integer dtype that holds the values seen (bsuite's umbrella: one byte a component).
+    The counts per context are cached per choice of context components (the last `CACHED` choices)
+    and extended by the transitions logged since, so a refresh that keeps the roles costs its new
+    transitions only.
+    """
+
+    CACHED = 4
+
+    def __init__(self, n_components: int, n_actions: int) -> None:
+        self.n_components, self.n_actions, self.size = n_components, n_actions, 0
+        self._states = np.zeros((0, n_components), dtype=np.int8)
+        self._changed = np.zeros((0, n_components), dtype=bool)
+        self._actions = np.zeros(0, dtype=np.min_scalar_type(max(n_actions - 1, 0)))
+        self._counts: dict[tuple[int, ...], _ContextCounts] = {}
+
+    def add(self, states: np.ndarray, actions: np.ndarray, changed: np.ndarray) -> None:
+        """Log N transitions: (N, n_components) start states and changed flags, (N,) actions."""
+        end = self.size + len(actions)
+        dtype = _fitting_dtype(self._states.dtype, states)
+        if end > len(self._states) or dtype != self._states.dtype:
+            capacity = max(end, 2 * len(self._states), 1024)
+            self._states = _grown(self._states, self.size, capacity, dtype)
+            self._changed = _grown(self._changed, self.size, capacity, bool)
+            self._actions = _grown(self._actions, self.size, capacity, self._actions.dtype)
+        self._states[self.size : end] = states
+        self._changed[self.size : end] = changed
+        self._actions[self.size : end] = actions
+        self.size = end
+
+    def counts(self, components: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Per context (a distinct projection of the start state on `components`), n[s, a] (S, n_actions)
+        and c[s, i, a] (S, n_components, n_actions), over every transition logged."""
+        key = tuple(components)
+        counts = self._counts.pop(key, None) or _ContextCounts(key, self.n_components, self.n_actions)
+        self._counts[key] = counts  # most recently used last
+        while len(self._counts) > self.CACHED:
+            del self._counts[next(iter(self._counts))]
+        window = slice(counts.rows, self.size)
+        counts.add(self._states[window], self._actions[window], self._changed[window])
+        counts.rows = self.size
+        return counts.n[: len(counts.index)], counts.c[: len(counts.index)]
+
+
+def _grown(array: np.ndarray, used: int, capacity: int, dtype) -> np.ndarray:
+    """A copy of `array[:used]` in a new array of `capacity` rows of `dtype`."""
+    out = np.zeros((capacity, *array.shape[1:]), dtype=dtype)
+    out[:used] = array[:used]
+    return out
+
+
+class _ContextCounts:
+    """`TransitionLog.counts` for one choice of context components: n[s, a], c[s, i, a] and the row of
+    each context (`index`: projection -> s), over the log's first `rows` transitions."""
+
+    def __init__(self, components: tuple[int, ...], n_components: int, n_actions: int) -> None:
+        self.components, self.rows = list(components), 0
+        self.index: dict[tuple[int, ...], int] = {}
+        self.n = np.zeros((0, n_actions), dtype=np.int64)
+        self.c = np.zeros((0, n_components, n_actions), dtype=np.int64)
+
+    def add(self, states: np.ndarray, actions: np.ndarray, changed: np.ndarray) -> None:
+        if not len(actions):
+            return
+        projected = states[:, self.components]
+        seen, rank = np.unique(projected, axis=0, return_inverse=True)
+        rows = np.array([self.index.setdefault(tuple(p), len(self.index)) for p in seen.tolist()], dtype=np.int64)
+        if len(self.index) > len(self.n):
+            extra = max(len(self.index), 2 * len(self.n)) - len(self.n)
+            self.n = np.concatenate([self.n, np.zeros((extra, *self.n.shape[1:]), np.int64)])
+            self.c = np.concatenate([self.c, np.zeros((extra, *self.c.shape[1:]), np.int64)])
+        n_actions = self.n.shape[1]
+        code = rows[rank.reshape(-1)] * n_actions + actions.astype(np.int64)
+        size = len(self.n) * n_actions
+        self.n += np.bincount(code, minlength=size).reshape(self.n.shape)
+        for i in range(self.c.shape[1]):
+            self.c[:, i] += np.bincount(code[changed[:, i]], minlength=size).reshape(self.n.shape)
+
+
 class ChangeStatistics:
     """Running c[i, a], n[a], and the states seen immediately before each component changed; for
     the value test (`count_values`), per component and value v, the transitions under each action
-    that started at v (`occupancy`) and that arrived at v from another value (`arrivals`)."""
+    that started at v (`occupancy`) and that arrived at v from another value (`arrivals`); for the
+    context test (`log_transitions`), every transition (`TransitionLog`)."""
 
-    def __init__(self, n_components: int, n_actions: int = 2, count_values: bool = True) -> None:
+    @classmethod
+    def for_test(cls, n_components: int, n_actions: int, causal_test: str) -> ChangeStatistics:
+        """Statistics that count what `causal_test` reads, and no more (the paper's test runs as fast as ever)."""
+        check_causal_test(causal_test)
+        return cls(
+            n_components,
+            n_actions,
+            count_values=causal_test != FREQUENCY,
+            log_transitions=causal_test == FREQUENCY_VALUE_AND_CONTEXT,
+        )
+
+    def __init__(self, n_components: int, n_actions: int = 2, count_values: bool = True, log_transitions: bool = False) -> None:
         self.count_values = count_values
+        self.log = TransitionLog(n_components, n_actions) if log_transitions else None
         self.change_counts = np.zeros((n_components, n_actions), dtype=np.int64)
         self.action_counts = np.zeros(n_actions, dtype=np.int64)
         self.pre_change_states: list[set[tuple[int, ...]]] = [set() for _ in range(n_components)]
@@ -166,6 +335,8 @@ class ChangeStatistics:
         self.action_counts[action] += 1
         key = tuple(before)
         n_actions = len(self.action_counts)
+        if self.log is not None:
+            self.log.add(np.asarray([before]), np.asarray([action]), np.asarray([before]) != np.asarray([after]))
         for i, (u, v) in enumerate(zip(before, after)):
             if self.count_values:
                 self.occupancy[i].setdefault(u, np.zeros(n_actions, dtype=np.int64))[action] += 1
@@ -180,6 +351,8 @@ class ChangeStatistics:
         states, next_states = np.asarray(states), np.asarray(next_states)
         actions = np.asarray(actions)
         changed = states != next_states
+        if self.log is not None:
+            self.log.add(states, actions, changed)
         for a in range(len(self.action_counts)):
             taken = actions == a
             self.action_counts[a] += int(taken.sum())
@@ -208,16 +381,31 @@ class ChangeStatistics:
         """(n_components,) bool: the value test finds the action changes which value the component takes."""
         return np.array([z > threshold for z, threshold in self.value_tests(z_thresh)], dtype=bool)
 
+    def context_tests(self, components: list[int], z_thresh: float) -> list[tuple[float, float]]:
+        """Per component, `context_change_z`'s (largest z, threshold) with contexts on `components`."""
+        if self.log is None:
+            raise ValueError("the context test reads the logged transitions: expected ChangeStatistics(log_transitions=True)")
+        n, c = self.log.counts(components)
+        z, thresholds = context_change_z(c, n, z_thresh)
+        return list(zip(z.tolist(), thresholds.tolist()))
+
     def roles(self, eta_clock: float, z_thresh: float, causal_test: str) -> list[Role]:
-        """Eq. 9 under `causal_test`: "frequency" (the paper's Eq. 10 alone) or "frequency+value"."""
-        if causal_test not in CAUSAL_TESTS:
-            raise ValueError(f"causal_test={causal_test!r}: expected one of {', '.join(CAUSAL_TESTS)}")
+        """Eq. 9 under `causal_test`: "frequency" (the paper's Eq. 10 alone), "frequency+value" or
+        "frequency+value+context". The context test runs on the roles the first two give (its contexts
+        are their static and controlled components, `stratum_components`) and can only turn their
+        NOISE into CONTROLLED; with no such component there is no context to test within."""
+        check_causal_test(causal_test)
         by_value = None
-        if causal_test == FREQUENCY_AND_VALUE:
+        if causal_test != FREQUENCY:
             if not self.count_values:
                 raise ValueError(f"causal_test={causal_test!r} reads value counts: expected ChangeStatistics(count_values=True)")
             by_value = self.value_controlled(z_thresh)
-        return classify_roles(self.change_counts, self.action_counts, eta_clock, z_thresh, by_value)
+        roles = classify_roles(self.change_counts, self.action_counts, eta_clock, z_thresh, by_value)
+        strata = stratum_components(roles)
+        if causal_test == FREQUENCY_VALUE_AND_CONTEXT and strata and Role.NOISE in roles:
+            tests = self.context_tests(strata, z_thresh)
+            roles = [Role.CONTROLLED if r is Role.NOISE and z > t else r for r, (z, t) in zip(roles, tests)]
+        return roles
 
 
 def bookmark_contexts(pre_change_states: list[set[tuple[int, ...]]], roles: list[Role]) -> set[tuple[int, ...]]:
