@@ -117,19 +117,28 @@ def exact_change_z(c0: np.ndarray, c1: np.ndarray, n0: np.ndarray, n1: np.ndarra
     approximation (one change under one action among 50 non-changes under the other is z = 7.1 there).
 
     Given the margins, the changes under action 0 are hypergeometric, X ~ Hypergeom(n0 + n1, c0 + c1, n0)
-    (Fisher, "The Design of Experiments", 1935, Sec. 2). Two-sided p = min(1, 2 min(P(X <= c0), P(X >= c0))),
-    the doubled one-sided p; z = Phi^-1(1 - p / 2), the |z| with the same two-sided tail, computed from log p
-    (scipy.special.ndtri_exp) so that a p below 1e-300 keeps a finite z. A table that cannot show a
+    (Fisher's exact test: R. A. Fisher, "Statistical Methods for Research Workers", 5th ed., 1934).
+    Two-sided p = min(1, 2 min(P(X <= c0), P(X >= c0))), the doubled one-sided p; z = Phi^-1(1 - p / 2),
+    the |z| with the same two-sided tail, computed from log p (scipy.special.ndtri_exp) so that a p
+    below 1e-300 keeps a finite z. A table that cannot show a
     difference (no trial under one action, no change or only changes) has p = 1, z = 0.
     """
     c0, c1, n0, n1 = np.broadcast_arrays(*(np.asarray(x, np.int64) for x in (c0, c1, n0, n1)))
+    shape = c0.shape
+    c0, c1, n0, n1 = (x.reshape(-1) for x in (c0, c1, n0, n1))
     trials, changed = n0 + n1, c0 + c1
     informative = (n0 > 0) & (n1 > 0) & (changed > 0) & (changed < trials)
     # the others get a harmless table (p = 1): scipy would warn on an empty population
     c0, trials, changed, n0 = (np.where(informative, x, fill) for x, fill in ((c0, 0), (trials, 2), (changed, 1), (n0, 1)))
-    log_tail = np.minimum(hypergeom.logcdf(c0, trials, changed, n0), hypergeom.logsf(c0 - 1, trials, changed, n0))
+    tail = np.minimum(hypergeom.cdf(c0, trials, changed, n0), hypergeom.sf(c0 - 1, trials, changed, n0))
+    with np.errstate(divide="ignore"):
+        log_tail = np.log(tail)
+    tiny = tail < 1e-300
+    if tiny.any():  # scipy's log forms keep such a tail finite, but cost ~10x the plain ones: only here
+        args = (c0[tiny], trials[tiny], changed[tiny], n0[tiny])
+        log_tail[tiny] = np.minimum(hypergeom.logcdf(*args), hypergeom.logsf(args[0] - 1, *args[1:]))
     log_half_p = np.minimum(log_tail, -np.log(2.0))  # log(p / 2), p capped at 1
-    return np.where(informative, np.maximum(-ndtri_exp(log_half_p), 0.0), 0.0)
+    return np.where(informative, np.maximum(-ndtri_exp(log_half_p), 0.0), 0.0).reshape(shape)
 
 
 def context_change_z(change_counts: np.ndarray, action_counts: np.ndarray, z_thresh: float) -> tuple[np.ndarray, np.ndarray]:
@@ -395,6 +404,10 @@ class ChangeStatistics:
         are their static and controlled components, `stratum_components`) and can only turn their
         NOISE into CONTROLLED; with no such component there is no context to test within."""
         check_causal_test(causal_test)
+        if causal_test == FREQUENCY_VALUE_AND_CONTEXT and self.log is None:
+            raise ValueError(
+                f"causal_test={causal_test!r} reads logged transitions: expected ChangeStatistics(log_transitions=True)"
+            )
         by_value = None
         if causal_test != FREQUENCY:
             if not self.count_values:
