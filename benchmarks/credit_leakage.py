@@ -23,7 +23,9 @@ WatchRepair: the same brand), as `credit_group_by: initial_obs` does for SB3.
 `--env` takes any Gymnasium id, also `module:EnvId`; an env that cannot be made here (e.g. the
 bsuite adapter's umbrella_length while it is not installed) is skipped with one line and exit 0.
 A rule that refuses the env (vcbm_bookmark outside factored discrete states) is reported as such.
-The JSON (written atomically) holds every seed's share, the means and CIs, and the settings.
+A `--decision-step` outside an episode of the env is refused with one line before any rule runs.
+The JSON (written atomically, strict: an undefined share is null, see algorithms/common/cli.py) holds
+every seed's share, the means and CIs, and the settings.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from scipy import stats
 
 import vcbm_gym  # noqa: F401  (registers WatchRepair-v0)
 from algorithms.common import provenance
-from algorithms.common.cli import ArgumentParser, atomic_write_json, check_int, main, output_dir
+from algorithms.common.cli import ArgumentParser, atomic_write_json, check_int, check_output_dir, main, output_dir
 from algorithms.common.errors import VcbmGymError
 from algorithms.sb3.callbacks import group_ids_for
 from vcbm_gym.credit.base import RULES, EpisodeBatch, make_rule, unmet_needs
@@ -122,7 +124,7 @@ def markdown_table(env_id: str, rows: dict[str, dict[str, Any]], seeds: int) -> 
     for name, row in rows.items():
         if "refused" in row:
             lines.append(f"| `{name}` | n/a (refused, see the JSON) | | |")
-        elif not np.isfinite(row["mean"]):
+        elif row["mean"] is None or not np.isfinite(row["mean"]):  # null: read back from strict JSON
             lines.append(f"| `{name}` | n/a (every advantage 0: no credit to place) | | {row['seconds_per_seed']:.1f} |")
         else:
             lines.append(
@@ -164,8 +166,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
     out = Path(args.out)
     if out.is_dir():
         raise VcbmGymError(f"--out {args.out!r} is a directory: expected a JSON file path")
-    output_dir(out.parent, "--out's folder")
+    check_output_dir(out.parent, "--out's folder")
     return args
+
+
+def check_decision_step(decision_step: int, env_id: str, episodes: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> None:
+    """A decision after an episode's last step would leave every advantage "before" it: a perfect 0 that means nothing."""
+    shortest = min(len(rewards) for _, _, rewards in episodes)
+    if decision_step >= shortest:
+        raise VcbmGymError(
+            f"--decision-step {decision_step}: expected a step inside every episode of {env_id}, 0 to {shortest - 1} "
+            f"(its shortest episode has {shortest} steps)"
+        )
 
 
 def run(argv: list[str]) -> dict[str, Any] | None:
@@ -180,6 +192,7 @@ def run(argv: list[str]) -> dict[str, Any] | None:
     batches_of_seed = {}
     for seed in seeds:
         episodes = collect_episodes(env, args.episodes, seed)
+        check_decision_step(args.decision_step, args.env, episodes)
         chunks = range(0, len(episodes) - args.batch_episodes + 1, args.batch_episodes)
         batches_of_seed[seed] = [episode_batch(episodes[i : i + args.batch_episodes]) for i in chunks]
     rows: dict[str, dict[str, Any]] = {}
@@ -220,6 +233,7 @@ def run(argv: list[str]) -> dict[str, Any] | None:
         "table": table,
         "run": provenance.run_record("python benchmarks/credit_leakage.py", argv, started),
     }
+    output_dir(Path(args.out).parent, "--out's folder")
     atomic_write_json(args.out, result)
     return result
 

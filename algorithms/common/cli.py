@@ -1,6 +1,11 @@
 """What every command-line tool shares: one `error:` line and exit code 2 for bad input, output
 paths checked before any work, atomic file writes, seed checks.
 
+Written files get the mode a plain open() gives a new file (0o666 less the umask), and JSON is strict
+(RFC 8259: no NaN or Infinity, which json.dumps writes by default and strict readers refuse): a
+non-finite number is written as null, and the top-level object gains NON_FINITE_KEY, which maps the
+JSON Pointer of each such value to what it was ("Infinity", "-Infinity" or "NaN").
+
 `main(run, argv)` is the only place that turns exceptions into exit codes, so the CLIs
 (train, compare, plot, tune, credit_fidelity, evaluate) cannot drift apart.
 """
@@ -9,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import numbers
 import os
+import secrets
 import sys
 import tempfile
 from collections.abc import Callable
@@ -20,6 +28,7 @@ from algorithms.common.errors import Stopped, VcbmGymError
 from vcbm_gym.contract import ContractError
 
 MAX_SEED = 2**32 - 1  # numpy's SeedSequence accepts more, but SB3 and torch seeds are 32/64-bit
+NON_FINITE_KEY = "non_finite"
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -122,7 +131,7 @@ def _probe_write(directory: Path, path: Path, option: str) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write to a temporary name beside `path`, then rename: readers see the old file or the new, never half."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = _new_file_beside(path)
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
@@ -130,12 +139,52 @@ def atomic_write_text(path: str | Path, text: str) -> None:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
+def _new_file_beside(path: Path) -> tuple[int, Path]:
+    """A new file with a fresh name beside `path`, created with mode 0o666 as open() creates one, so that the
+    umask (and a default ACL) apply: tempfile.mkstemp's 0o600 would hide results from the rest of a group."""
+    while True:
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666), tmp
+        except FileExistsError:  # another writer drew the same name: draw again
+            continue
+
+
 def atomic_write_json(path: str | Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=2, default=str))
+    atomic_write_text(path, json_text(data))
+
+
+def json_text(data: Any) -> str:
+    """`data` as strict JSON (see the module docstring for non-finite numbers); objects JSON has no type for
+    are written as their str()."""
+    found: dict[str, str] = {}
+    data = _non_finite_as_null(data, "", found)
+    if found:
+        if not isinstance(data, dict):
+            raise ValueError(f"non-finite values at {sorted(found)}: only a JSON object can record them")
+        earlier = data.get(NON_FINITE_KEY)  # a record read back and written again keeps its entries
+        data = {**data, NON_FINITE_KEY: {**(earlier if isinstance(earlier, dict) else {}), **found}}
+    return json.dumps(data, indent=2, default=str, allow_nan=False)
+
+
+def _non_finite_as_null(value: Any, pointer: str, found: dict[str, str]) -> Any:
+    if isinstance(value, dict):
+        return {key: _non_finite_as_null(item, f"{pointer}/{_escape(key)}", found) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_non_finite_as_null(item, f"{pointer}/{i}", found) for i, item in enumerate(value)]
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and not math.isfinite(value):
+        found[pointer] = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+        return None
+    return value
+
+
+def _escape(key: Any) -> str:
+    """A key as a JSON Pointer reference token (RFC 6901: ~ and / escaped)."""
+    return str(key).replace("~", "~0").replace("/", "~1")
 
 
 def read_json_object(path: str | Path, what: str) -> dict[str, Any]:

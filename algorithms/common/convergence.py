@@ -5,7 +5,8 @@ The criterion needs the env contract's evaluation-only `first_decision_optimal`
 (vcbm_gym/contract.py). An env without it still trains: the run goes on for its episode budget
 and reports its mean return, and its success rate where the env reports SB3's `is_success`.
 A NaN or infinite episode return (a non-finite reward) stops the run with one line naming the
-episode, rather than a NaN mean return in its summary.
+episode, rather than a NaN mean return in its summary. The mean of finite returns is finite however
+large they are (`overflow_free_mean`: returns of +-1e308 overflow a plain sum).
 """
 
 from __future__ import annotations
@@ -13,13 +14,23 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.validation import AT_LEAST_ONE, UNIT_POSITIVE, Validated
 from vcbm_gym.contract import CONTRACT, PROBE_MAX_STEPS, ContractError, check_value
 
 CRITERION_KEY = "first_decision_optimal"
+
+
+def overflow_free_mean(values: Sequence[float]) -> float:
+    """The mean of finite values, itself finite: where their plain sum overflows (+-1e308), the values are
+    divided by the largest magnitude first (elsewhere the plain sum keeps results bit for bit)."""
+    total = sum(values)
+    if math.isfinite(total):
+        return total / len(values)
+    size = max(abs(v) for v in values)
+    return size * (math.fsum(v / size for v in values) / len(values))
 
 
 def no_criterion_error(env_id: str, where: str, needs: str) -> VcbmGymError:
@@ -150,7 +161,7 @@ class EpisodeOutcomes:
 
     def scalars(self) -> dict[str, float]:
         """Moving averages to log: correct first decisions and success rate (when reported), return."""
-        out = {"mean_return": sum(self.returns) / len(self.returns)} if self.returns else {}
+        out = {"mean_return": overflow_free_mean(self.returns)} if self.returns else {}
         if self.has_criterion:
             out["correct_moving_average"] = self.tracker.rate
         if self.successes:
@@ -173,7 +184,7 @@ class EpisodeOutcomes:
             "episodes_to_converge": self.tracker.converged_at,
             "episodes_run": self.episodes,
             "final_correct_rate": self.tracker.rate if criterion else None,
-            "mean_return_last_episodes": sum(self.returns) / len(self.returns) if self.returns else None,
+            "mean_return_last_episodes": overflow_free_mean(self.returns) if self.returns else None,
         }
         if self.reports.get("is_success"):
             out["success_rate_last_episodes"] = sum(self.successes) / len(self.successes)

@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tarfile
@@ -177,13 +178,55 @@ def unpack_dir(data: bytes, path: Path) -> None:
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.unpack-"))
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-            tar.extractall(tmp, filter="data")
+            extract_data(tar, tmp)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def extract_data(tar: tarfile.TarFile, destination: Path) -> None:
+    """Extract with tarfile's "data" filter where Python has it (3.12, and 3.11.4 / 3.10.12 on); before that,
+    `extractall` takes no `filter` (Debian 12's 3.11.2), and the same refusals and mode changes are made here."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(destination, filter="data")
+        return
+    root = Path(os.path.realpath(destination))
+    # a generator: each member is checked just before it is extracted, so that its path resolves through the
+    # links extracted before it (a link to "." and then a link through it to ".." would pass a check made up front)
+    tar.extractall(destination, members=(_as_data(member, root) for member in tar))
+
+
+def _as_data(member: tarfile.TarInfo, root: Path) -> tarfile.TarInfo:
+    """The "data" filter by hand: names taken relative to `root` (leading slashes dropped); names or links that
+    lead outside it, absolute links, device files and FIFOs refused; set-id, sticky and group/other write bits
+    cleared, files given owner read/write; owned by this process's user (tarfile chowns only as root)."""
+    where = f"packed log dir member {member.name!r}"
+    member.name = member.name.lstrip("/" + os.sep)  # older tarfile would write "/x" at /x
+    if os.path.isabs(member.name) or not _inside(root, root / member.name):
+        raise tarfile.TarError(f"{where}: expected a path inside the destination")
+    if member.isdev():
+        raise tarfile.TarError(f"{where} is a device file or FIFO: expected files, folders and links")
+    if member.issym():
+        if os.path.isabs(member.linkname) or not _inside(root, root / os.path.dirname(member.name) / member.linkname):
+            raise tarfile.TarError(f"{where} links to {member.linkname!r}: expected a link inside the destination")
+    elif member.islnk() and not _inside(root, root / member.linkname):
+        raise tarfile.TarError(f"{where} links to {member.linkname!r}: expected a link inside the destination")
+    mode = member.mode & ~(stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWGRP | stat.S_IWOTH)
+    if member.isfile() or member.islnk():
+        mode = (mode if mode & stat.S_IXUSR else mode & ~0o111) | stat.S_IRUSR | stat.S_IWUSR
+    elif member.isdir():
+        mode |= stat.S_IRWXU  # the folder must stay writable for what is extracted into it
+    member.mode = mode
+    member.uid, member.gid, member.uname, member.gname = os.getuid(), os.getgid(), "", ""
+    return member
+
+
+def _inside(root: Path, path: Path) -> bool:
+    resolved = os.path.realpath(path)
+    return resolved == str(root) or resolved.startswith(str(root) + os.sep)
 
 
 def node_id() -> str | None:

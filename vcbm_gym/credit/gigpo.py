@@ -28,6 +28,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
+from vcbm_gym.credit import options
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 from vcbm_gym.credit.grpo import NORMALISE_STD, STD_EPS, group_relative_advantages
 
@@ -75,10 +76,10 @@ class GiGPORule(CreditRule):
     def __init__(
         self, step_weight: float = 1.0, gamma: float = 0.95, normalise_std: bool = NORMALISE_STD, eps: float = STD_EPS
     ) -> None:
-        if not 0 <= gamma <= 1 or eps < 0:
-            raise ValueError(f"gamma={gamma}, eps={eps}: expected 0 <= gamma <= 1 and eps >= 0")
-        self.step_weight, self.gamma = float(step_weight), float(gamma)
-        self.normalise_std, self.eps = bool(normalise_std), float(eps)
+        self.step_weight = options.number("step_weight", step_weight)
+        self.gamma = options.number("gamma", gamma, 0, 1)
+        self.normalise_std = options.flag("normalise_std", normalise_std)
+        self.eps = options.number("eps", eps, 0)
 
     def _turns(self, batch: EpisodeBatch, b: int) -> np.ndarray:
         return np.unique(batch.step_turn[b][batch.mask[b] & (batch.step_turn[b] >= 0)])

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vcbm_gym.credit import options
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 # Written once for GRPO's and GiGPO's group normalisation (functions and rules alike).
@@ -39,9 +40,8 @@ class GroupMeanRule(CreditRule):
     batch_needs = ("group_ids",)
 
     def __init__(self, normalise_std: bool = NORMALISE_STD, eps: float = STD_EPS) -> None:
-        if eps < 0:
-            raise ValueError(f"eps={eps}: expected a non-negative number")
-        self.normalise_std, self.eps = bool(normalise_std), float(eps)
+        self.normalise_std = options.flag("normalise_std", normalise_std)
+        self.eps = options.number("eps", eps, 0)
 
     def advantages(self, batch: EpisodeBatch) -> np.ndarray:
         return batch.broadcast(group_relative_advantages(batch.returns, batch.group_ids, self.normalise_std, self.eps))

@@ -26,11 +26,13 @@ ircr_buffer.py). Choices the paper leaves open:
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
 import numpy as np
 
+from vcbm_gym.credit import options
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 BASELINES = ("none", "batch_mean", "given")
@@ -40,13 +42,22 @@ def normalised_returns(returns: np.ndarray, low: float, high: float) -> np.ndarr
     """(G - G_min) / (G_max - G_min), elementwise; all 0 when G_max == G_min (no spread, no credit).
 
     A spread below 1e-12 of the returns' size counts as none: it is rounding, and dividing by it
-    would blow a return outside [G_min, G_max] up to infinity.
+    would blow a return outside [G_min, G_max] up to infinity. Finite returns such as +-1e308 can
+    span more than the largest float: G_max - G_min overflows to infinity (then inf / inf = NaN),
+    so there every term is divided by the returns' size first (elsewhere the plain formula keeps
+    its results bit for bit).
     """
     returns = np.asarray(returns, dtype=np.float64)
-    span = float(high) - float(low)
-    if not span > 1e-12 * max(1.0, abs(float(high)), abs(float(low))):
+    low, high = float(low), float(high)
+    span = high - low
+    if not span > 1e-12 * max(1.0, abs(high), abs(low)):
         return np.zeros_like(returns)
-    return (returns - float(low)) / span
+    with np.errstate(over="ignore", invalid="ignore"):
+        plain = (returns - low) / span
+    if math.isfinite(span) and np.isfinite(plain).all():
+        return plain
+    size = max(abs(low), abs(high), float(np.abs(returns).max(initial=0.0)))
+    return (returns / size - low / size) / (high / size - low / size)
 
 
 class IRCRRule(CreditRule):
@@ -55,16 +66,11 @@ class IRCRRule(CreditRule):
     name = "ircr"
 
     def __init__(self, buffer_episodes: int = 2048, top_episodes: int = 10, baseline: str = "none") -> None:
-        for key, value in (("buffer_episodes", buffer_episodes), ("top_episodes", top_episodes)):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, np.integer))
-                or value < (1 if key == "buffer_episodes" else 0)
-            ):
-                raise ValueError(f"{key}={value!r}: expected an integer >= {1 if key == 'buffer_episodes' else 0}")
+        self.buffer_episodes = options.integer("buffer_episodes", buffer_episodes, 1)
+        self.top_episodes = options.integer("top_episodes", top_episodes, 0)
         if baseline not in BASELINES:
             raise ValueError(f"baseline={baseline!r}: expected one of {', '.join(BASELINES)}")
-        self.buffer_episodes, self.top_episodes, self.baseline = int(buffer_episodes), int(top_episodes), baseline
+        self.baseline = baseline
         self.recent: deque[float] = deque(maxlen=self.buffer_episodes)
         self.best: list[float] = []  # the `top_episodes` largest returns ever seen, ascending
 

@@ -23,7 +23,22 @@ from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 
 def return_equivalent_rewards(advantages: np.ndarray, mask: np.ndarray, returns: np.ndarray) -> np.ndarray:
-    """(B, T) r'_t = A_t + (G - sum_s A_s) / n on masked steps, 0 elsewhere."""
+    """(B, T) r'_t = A_t + (G - sum_s A_s) / n on masked steps, 0 elsewhere.
+
+    Near the float limit (returns of +-1e308) sum_s A_s or G - sum_s A_s can overflow though every A_t, G
+    and r'_t is finite; there each episode is projected in units of its largest |A_t| or |G|.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        plain = _projection(advantages, mask, returns)
+    if np.isfinite(plain).all():
+        return plain
+    size = np.maximum(np.abs(np.where(mask, advantages, 0.0)).max(axis=1, initial=0.0), np.abs(returns))
+    size = np.where(np.isfinite(size) & (size > 0), size, 1.0)
+    with np.errstate(over="ignore", invalid="ignore"):  # what is left over is an r'_t beyond the float range
+        return _projection(advantages / size[:, None], mask, returns / size) * size[:, None]
+
+
+def _projection(advantages: np.ndarray, mask: np.ndarray, returns: np.ndarray) -> np.ndarray:
     n = mask.sum(axis=1)
     residual = np.divide(returns - np.where(mask, advantages, 0.0).sum(axis=1), n, out=np.zeros(len(n)), where=n > 0)
     return np.where(mask, advantages + residual[:, None], 0.0)

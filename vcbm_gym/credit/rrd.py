@@ -55,6 +55,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from vcbm_gym.credit import options
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 from vcbm_gym.credit.features import Featurizer
 from vcbm_gym.credit.model_training import AdamState, LessonBuffer, adam_step
@@ -74,20 +75,12 @@ class RRDConfig:
     bias_correction: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.hidden_sizes, (int, np.integer)):
-            self.hidden_sizes = (int(self.hidden_sizes),)
-        self.hidden_sizes = tuple(int(h) for h in self.hidden_sizes)
-        if any(h < 1 for h in self.hidden_sizes):
-            raise ValueError(f"hidden_sizes={self.hidden_sizes}: expected positive layer widths (or () for a linear model)")
+        self.hidden_sizes = options.layer_widths("hidden_sizes", self.hidden_sizes)
         for name in ("subsequence_size", "episodes_per_step", "buffer_capacity", "min_buffer_episodes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"{name}={value!r}: expected an integer >= 1")
-        if isinstance(self.train_steps, bool) or not isinstance(self.train_steps, (int, np.integer)) or self.train_steps < 0:
-            raise ValueError(f"train_steps={self.train_steps!r}: expected an integer >= 0")
-        if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
-            raise ValueError(f"learning_rate={self.learning_rate!r}: expected a positive number")
-        self.bias_correction = bool(self.bias_correction)
+            setattr(self, name, options.integer(name, getattr(self, name), 1))
+        self.train_steps = options.integer("train_steps", self.train_steps, 0)
+        self.learning_rate = options.number("learning_rate", self.learning_rate, above=0)
+        self.bias_correction = options.flag("bias_correction", self.bias_correction)
 
 
 class RewardModel(nn.Module):

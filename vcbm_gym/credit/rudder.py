@@ -56,6 +56,7 @@ import torch
 from scipy.special import expit
 from torch import nn
 
+from vcbm_gym.credit import options
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 from vcbm_gym.credit.features import Featurizer
 from vcbm_gym.credit.model_training import AdamState, LessonBuffer, adam_step  # noqa: F401 (also imported from here)
@@ -89,10 +90,14 @@ class RudderCreditConfig(RudderLSTMConfig):
 
     def __post_init__(self) -> None:
         for name in ("hidden_size", "buffer_capacity", "batch_size", "train_every", "max_steps_per_event"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: expected an integer >= 1")
-        if not 0.0 <= self.running_loss_decay < 1.0:
-            raise ValueError(f"running_loss_decay={self.running_loss_decay}: expected a value in [0, 1)")
+            setattr(self, name, options.integer(name, getattr(self, name), 1))
+        self.min_buffer_episodes = options.integer("min_buffer_episodes", self.min_buffer_episodes, 0)
+        for name in ("init_std", "aux_loss_weight", "weight_decay", "loss_threshold", "running_loss_init"):
+            setattr(self, name, options.number(name, getattr(self, name), 0))
+        for name in ("reward_scale", "learning_rate"):
+            setattr(self, name, options.number(name, getattr(self, name), above=0))
+        self.input_gate_bias_init = options.number("input_gate_bias_init", self.input_gate_bias_init)
+        self.running_loss_decay = options.number("running_loss_decay", self.running_loss_decay, 0, below=1)
 
 
 def recurrence_forward(z: np.ndarray, recurrent: np.ndarray, gate_bias: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

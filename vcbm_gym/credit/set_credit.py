@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from vcbm_gym.credit.base import CreditRule, EpisodeBatch
+from vcbm_gym.credit import options
+from vcbm_gym.credit.base import RULES, CreditRule, EpisodeBatch
 
 CoalitionValues = np.ndarray | Sequence[float] | Callable[[frozenset], float]
 EXACT_SHAPLEY_MAX_M = 10
@@ -189,6 +190,7 @@ def set_credit(rule: str, values: CoalitionValues, m: int | None = None) -> np.n
 
 
 SHAPING_MODE = "project"  # zero_sum_shaping's and CASI's default: the Euclidean projection
+SHAPING_MODES = ("project", "scale")
 
 
 def zero_sum_shaping(credit: np.ndarray, bound: float, mode: str = SHAPING_MODE) -> np.ndarray:
@@ -210,8 +212,8 @@ def zero_sum_shaping(credit: np.ndarray, bound: float, mode: str = SHAPING_MODE)
         return z
     if mode == "scale":
         return z * (bound / np.abs(z).max())
-    if mode != "project":
-        raise ValueError(f"mode={mode!r}: expected 'project' or 'scale'")
+    if mode not in SHAPING_MODES:
+        raise ValueError(f"mode={mode!r}: expected one of {', '.join(SHAPING_MODES)}")
     low, high = phi.min() - bound, phi.max() + bound  # total(low) >= 0 >= total(high)
     for _ in range(100):
         lam = 0.5 * (low + high)
@@ -278,9 +280,13 @@ class CASIShapingRule(CreditRule):
     ) -> None:
         if credit not in COALITION_RULES:
             raise ValueError(f"credit={credit!r}: expected one of {', '.join(COALITION_RULES)}")
-        if base == self.name:
-            raise ValueError("base='casi': expected a broadcast-style base rule such as 'loo' or 'grpo'")
-        self.beta, self.bound, self.base, self.credit = float(beta), float(bound), base, credit
+        if not isinstance(base, str) or base == self.name or base not in RULES:
+            raise ValueError(f"base={base!r}: expected a broadcast-style base rule such as 'loo' or 'grpo'")
+        if shaping_mode not in SHAPING_MODES:
+            raise ValueError(f"shaping_mode={shaping_mode!r}: expected one of {', '.join(SHAPING_MODES)}")
+        self.beta = options.number("beta", beta)
+        self.bound = options.number("bound", bound, above=0)
+        self.base, self.credit = base, credit
         self.shaping_mode, self.evaluator = shaping_mode, evaluator
 
     def needs(self) -> tuple[str, ...]:

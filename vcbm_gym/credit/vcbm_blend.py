@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from vcbm_gym.credit import options
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 from vcbm_gym.credit.loo import loo_advantages
 from vcbm_gym.credit.vcbm_bookmark import FLOOR_WEIGHT
@@ -214,15 +215,15 @@ class VCBMBlendRule(CreditRule):
         memory_capacity: int | None = None,
         few_bookmarks: str = FEW_BOOKMARKS,
     ) -> None:
-        if not 0.0 <= beta <= 1.0:
-            raise ValueError(f"beta={beta}: expected a value in [0, 1]")
-        if tau <= 0 or top_k < 1 or not 0.0 < alpha < 1.0:
-            raise ValueError(f"tau={tau}, top_k={top_k}, alpha={alpha}: expected tau > 0, top_k >= 1, 0 < alpha < 1")
+        self.beta = options.number("beta", beta, 0, 1)
+        self.tau = options.number("tau", tau, above=0)
+        self.top_k = options.integer("top_k", top_k, 1)
+        self.alpha = options.number("alpha", alpha, above=0, below=1)
+        self.dim = options.integer("dim", dim, 1)
         if few_bookmarks not in FEW_BOOKMARK_MODES:
             raise ValueError(f"few_bookmarks={few_bookmarks!r}: expected one of {FEW_BOOKMARK_MODES}")
-        self.beta, self.tau, self.top_k, self.alpha, self.dim = beta, tau, top_k, alpha, dim
         self.few_bookmarks = few_bookmarks
-        self.memory = EpisodicMemory(dim, memory_capacity)
+        self.memory = EpisodicMemory(self.dim, options.optional_integer("memory_capacity", memory_capacity, 1))
 
     def _bookmarks(self, batch: EpisodeBatch, b: int) -> tuple[list[int], np.ndarray]:
         flags = batch.turn_flags.get("state_mutating")

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
+from vcbm_gym.credit import options
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 from vcbm_gym.credit.broadcast import DEFAULT_BASELINE, BroadcastRule
 from vcbm_gym.credit.causal_roles import (
@@ -68,13 +69,13 @@ class VCBMBookmarkRule(CreditRule):
         eta_clock: float = ETA_CLOCK,
         z_thresh: float = Z_THRESH,
     ) -> None:
-        if not 0 < alpha <= 1:
-            raise ValueError(f"alpha={alpha}: expected a floor weight in (0, 1]")
+        self.alpha = options.number("alpha", alpha, hi=1, above=0)
         if advantage not in ("return", "given"):
             raise ValueError(f"advantage={advantage!r}: expected 'return' (G - baseline) or 'given' (extras['advantages'])")
         self.advantage = advantage
-        self.alpha, self.warmup_transitions = float(alpha), int(warmup_transitions)
-        self.eta_clock, self.z_thresh = float(eta_clock), float(z_thresh)
+        self.warmup_transitions = options.integer("warmup_transitions", warmup_transitions, 0)
+        self.eta_clock = options.number("eta_clock", eta_clock, 0, 1)
+        self.z_thresh = options.number("z_thresh", z_thresh, above=0)
         self.returns = BroadcastRule(baseline)
         self.stats: ChangeStatistics | None = None
         self.roles: list[Role] | None = None
