@@ -236,8 +236,15 @@ def test_json_writes_are_strict_and_record_what_was_not_finite(tmp_path):
     path = tmp_path / "out.json"
     cli.atomic_write_json(path, {"mean": math.inf, "shares": [0.5, math.nan], "a/b": {"low": -math.inf}, "n": 3})
     data = strict_json(path.read_text())
-    assert data["mean"] is None and data["shares"] == [0.5, None] and data["a/b"] == {"low": None} and data["n"] == 3
-    assert data[cli.NON_FINITE_KEY] == {"/mean": "Infinity", "/shares/1": "NaN", "/a~1b/low": "-Infinity"}
+    assert data["mean"] is None and data["shares"] == [0.5, None] and data["n"] == 3
+    assert data[cli.NON_FINITE_KEY] == {"/mean": "Infinity", "/shares/1": "NaN"}
+    assert data["a/b"] == {"low": None, cli.NON_FINITE_KEY: {"/low": "-Infinity"}}  # the nearest object records it
+    cli.atomic_write_json(path, data)  # read back and written again: the same file
+    assert strict_json(path.read_text()) == data
+    # a list of records (an LLM run's history.json): each record lists its own
+    cli.atomic_write_json(path, [{"kl": math.nan, "loss": 0.5}, {"kl": 0.1}, [math.inf]])
+    history = strict_json(path.read_text())
+    assert history == [{"kl": None, "loss": 0.5, cli.NON_FINITE_KEY: {"/kl": "NaN"}}, {"kl": 0.1}, [None]]
     cli.atomic_write_json(path, {"mean": 0.25})
     assert cli.NON_FINITE_KEY not in strict_json(path.read_text())
 

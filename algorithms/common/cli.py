@@ -3,8 +3,8 @@ paths checked before any work, atomic file writes, seed checks.
 
 Written files get the mode a plain open() gives a new file (0o666 less the umask), and JSON is strict
 (RFC 8259: no NaN or Infinity, which json.dumps writes by default and strict readers refuse): a
-non-finite number is written as null, and the top-level object gains NON_FINITE_KEY, which maps the
-JSON Pointer of each such value to what it was ("Infinity", "-Infinity" or "NaN").
+non-finite number is written as null, and the nearest object above it gains NON_FINITE_KEY, which maps
+the number's JSON Pointer (relative to that object) to what it was ("Infinity", "-Infinity" or "NaN").
 
 `main(run, argv)` is the only place that turns exceptions into exit codes, so the CLIs
 (train, compare, plot, tune, credit_fidelity, evaluate) cannot drift apart.
@@ -161,25 +161,32 @@ def atomic_write_json(path: str | Path, data: Any) -> None:
 def json_text(data: Any) -> str:
     """`data` as strict JSON (see the module docstring for non-finite numbers); objects JSON has no type for
     are written as their str()."""
-    found: dict[str, str] = {}
-    data = _non_finite_as_null(data, "", found)
-    if found:
-        if not isinstance(data, dict):
-            raise ValueError(f"non-finite values at {sorted(found)}: only a JSON object can record them")
-        earlier = data.get(NON_FINITE_KEY)  # a record read back and written again keeps its entries
-        data = {**data, NON_FINITE_KEY: {**(earlier if isinstance(earlier, dict) else {}), **found}}
-    return json.dumps(data, indent=2, default=str, allow_nan=False)
+    return json.dumps(_strict(data)[0], indent=2, default=str, allow_nan=False)
 
 
-def _non_finite_as_null(value: Any, pointer: str, found: dict[str, str]) -> Any:
+def _strict(value: Any) -> tuple[Any, dict[str, str]]:
+    """(`value` with its non-finite numbers as null, {JSON Pointer relative to `value`: what it was} for those
+    that no object inside `value` has recorded yet). A non-finite number in a top-level array has no object to
+    record it: it is only null."""
     if isinstance(value, dict):
-        return {key: _non_finite_as_null(item, f"{pointer}/{_escape(key)}", found) for key, item in value.items()}
+        clean, found = {}, {}
+        for key, item in value.items():
+            clean[key], inner = _strict(item)
+            found.update({f"/{_escape(key)}{pointer}": what for pointer, what in inner.items()})
+        if found:
+            earlier = clean.get(NON_FINITE_KEY)  # a record read back and written again keeps its entries
+            clean[NON_FINITE_KEY] = {**(earlier if isinstance(earlier, dict) else {}), **found}
+        return clean, {}
     if isinstance(value, (list, tuple)):
-        return [_non_finite_as_null(item, f"{pointer}/{i}", found) for i, item in enumerate(value)]
+        items, found = [], {}
+        for index, item in enumerate(value):
+            clean, inner = _strict(item)
+            items.append(clean)
+            found.update({f"/{index}{pointer}": what for pointer, what in inner.items()})
+        return items, found
     if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and not math.isfinite(value):
-        found[pointer] = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-        return None
-    return value
+        return None, {"": "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")}
+    return value, {}
 
 
 def _escape(key: Any) -> str:
