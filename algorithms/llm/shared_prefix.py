@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from algorithms.llm.decode import CACHE
+
 
 def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(first row of each distinct (prompt, mask) pair, the index of each row's pair among them)."""
@@ -48,9 +50,9 @@ def shared_prefix_logps(
     if first.numel() == input_ids.size(0):
         return None
     head = model(input_ids=prompt_ids[first], attention_mask=prompt_mask[first], use_cache=True, logits_to_keep=1)
-    cache = head.cache
+    cache = getattr(head, CACHE)
     cache.reorder_cache(row_prompt)
-    tail = model(input_ids=input_ids[:, width:], attention_mask=attention_mask, cache=cache, use_cache=True)
+    tail = model(input_ids=input_ids[:, width:], attention_mask=attention_mask, use_cache=True, **{CACHE: cache})
     # token j of the completion is scored by the output at the position before it: the prompt's last for j = 0
     logits = torch.cat([head.logits[:, -1:][row_prompt], tail.logits[:, :-1]], dim=1).float() / temperature
     log_probs = torch.log_softmax(logits, dim=-1)

@@ -55,7 +55,7 @@ from algorithms.llm.loss import kl_old_new, ppo_clip_token_loss, token_ratios
 from algorithms.llm.metrics import local_rollout_record, rollout_metrics
 from algorithms.llm.rollout import CachedGeneration, Episode, full_attention_only, hf_generate, play_episodes
 from algorithms.llm.shared_prefix import shared_prefix_logps
-from algorithms.llm.vllm import gather_counts, vllm_turn
+from algorithms.llm.vllm import fit_engine_to_platform, gather_counts, vllm_turn
 from algorithms.registry import load_object
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
@@ -119,6 +119,8 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
             peft_config=peft_config,
             rollout_func=self._rollout,
         )
+        if self.use_vllm:
+            fit_engine_to_platform(self.vllm_generation)
         self.add_callback(_IterationEnd(self))
 
     # --- rollouts ------------------------------------------------------------------------------

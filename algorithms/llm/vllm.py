@@ -1,8 +1,9 @@
 """Turns of TRL's vLLM engine inside multi-turn rollouts: answers with their log-probs, padded so that
-every process passes as many prompts."""
+every process passes as many prompts; and the weight sync of TRL's colocated engine on vLLM's CPU build."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 from algorithms.common.errors import VcbmGymError
@@ -60,3 +61,29 @@ def vllm_turn(gen, contexts: list[list[int]], counts=gather_counts, dummy: list[
     prompts = list(contexts) + [list(dummy or [0])] * (width - n)
     _, completion_ids, logprobs, _ = gen.generate(prompts=prompts, images=None, num_generations=1)
     return vllm_answers(completion_ids[:n], None if logprobs is None else logprobs[:n])
+
+
+def reload_weights(gen) -> None:
+    """TRL's colocate weight sync, with the parameters loaded through vLLM's `reload_weights`.
+
+    TRL 1.16 hands each parameter to the model's `load_weights`, which fills the weight tensors vLLM
+    keeps. vLLM's CPU build keeps none for its linear layers: after loading it packs each weight into
+    a oneDNN (or SGL) GEMM handle and replaces the parameter with an empty one, so TRL's sync fails
+    (`'Parameter' object has no attribute 'weight_loader'`). `reload_weights(is_checkpoint_format=True)`
+    restores each layer to its checkpoint form, loads the streamed weights and packs them again.
+    The parameters come from TRL's own iterator (PEFT merged, names mapped), as in TRL's sync.
+    """
+    runner = gen.llm.llm_engine.model_executor.driver_worker.model_runner
+    runner.reload_weights(weights_iterator=gen._iter_named_params(), is_checkpoint_format=True)
+    gen.llm.reset_prefix_cache()  # as TRL does: no prefix cached under the old weights is reused
+
+
+def fit_engine_to_platform(gen) -> None:
+    """Give TRL's colocated vLLM engine the weight sync its platform needs: `reload_weights` on vLLM's
+    CPU build; TRL's own sync elsewhere (server mode, GPUs)."""
+    if gen.mode != "colocate":
+        return
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        gen.sync_weights = functools.partial(reload_weights, gen)
