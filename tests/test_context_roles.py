@@ -112,9 +112,26 @@ def test_an_effect_whose_sign_depends_on_the_context_is_seen_within_contexts_onl
     # within context 0, 50 of 500 against 0 of 500: p = 2 C(950, 450) / C(1000, 500), z about 7.3
     assert z[0] == pytest.approx(exact_change_z(50, 0, 500, 500)) and z[0] > 7
     assert thresholds[0] == pytest.approx(family_threshold(4.0, 2))  # two contexts can show a difference
-    assert z[1] == 0.0  # 40 / 500 under both actions in both contexts
+    # 40 / 500 under both actions in both contexts: exactly z = 0; the test reports the bound it stopped at
+    assert exact_change_z(40, 40, 500, 500) == 0.0 and 0.0 <= z[1] < thresholds[1]
     # the third component never changes in context 1: one context tested, the threshold is z_thresh itself
-    assert thresholds[2] == pytest.approx(4.0) and z[2] < 1
+    assert thresholds[2] == pytest.approx(4.0) and z[2] < 4.0
+
+
+def test_a_table_that_cannot_pass_is_bounded_not_summed_and_every_verdict_stays_exact():
+    rng = np.random.default_rng(8)
+    n0, n1 = rng.integers(1, 3000, size=4000), rng.integers(1, 3000, size=4000)
+    effect = rng.uniform(-0.1, 0.1, size=4000) * (rng.random(4000) < 0.3)  # most tables have no effect
+    base = rng.uniform(0.01, 0.6, size=4000)
+    c0, c1 = rng.binomial(n0, np.clip(base + effect, 0, 1)), rng.binomial(n1, base)
+    needed = rng.choice([2.0, 4.0, 4.5], size=4000)
+    exact, screened = exact_change_z(c0, c1, n0, n1), exact_change_z(c0, c1, n0, n1, needed=needed)
+    assert ((exact > needed) == (screened > needed)).all()  # the verdicts are the exact test's
+    passing = exact > needed
+    assert passing.sum() > 300 and (~passing).sum() > 300  # both kinds present
+    np.testing.assert_allclose(screened[passing], exact[passing], rtol=1e-12)
+    # where it stopped at the bound: at least the exact z, at most the z it would need
+    assert (screened[~passing] >= exact[~passing] - 1e-9).all() and (screened[~passing] <= needed[~passing]).all()
 
 
 def test_context_change_z_names_a_bad_shape():
