@@ -4,7 +4,7 @@ Sec. IV-A2-3, Eq. 9-10; choices in docs/papers/vcbm.md ("Tabular VCBM").
 Pure array code: counts of which state components changed under which action, the role of each
 component, and the bookmark contexts (states seen immediately before a controlled change).
 
-Two causal tests (`CAUSAL_TESTS`):
+Three causal tests (`CAUSAL_TESTS`):
 
 - "frequency", the paper's: a component is controlled when how *often* it changes depends on the
   action (Eq. 10).
@@ -310,6 +310,7 @@ class _ContextCounts:
         self.c = np.zeros((0, n_components, n_actions), dtype=np.int64)
 
     def add(self, states: np.ndarray, actions: np.ndarray, changed: np.ndarray) -> None:
+        """Count N more transitions, each into the row of its context (a new context gets a new row)."""
         if not len(actions):
             return
         projected = states[:, self.components]
