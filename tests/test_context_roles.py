@@ -29,6 +29,7 @@ from vcbm_gym.credit.causal_roles import (
     FREQUENCY_VALUE_AND_CONTEXT,
     ChangeStatistics,
     Role,
+    TransitionLog,
     context_change_z,
     exact_change_z,
     family_threshold,
@@ -202,6 +203,19 @@ def test_counts_per_context_match_a_loop_over_the_transitions_whatever_the_order
         want = {k: (n.tolist(), c.tolist()) for k, (n, c) in want.items()}
         assert _as_dict(one, components) == want
         assert _as_dict(many, components) == want
+
+
+def test_the_log_keeps_small_integers_in_one_byte_and_every_value_exactly():
+    log = TransitionLog(3, 2)
+    log.add(np.array([[0, 1, 100], [1, 1, 100]]), np.array([1, 0]), np.array([[True, False, False], [False, False, True]]))
+    assert log._states.dtype == np.uint8  # bits and a clock to 100: one byte a component (bsuite's umbrella)
+    log.add(np.array([[-1, 1, 100]]), np.array([0]), np.array([[True, True, False]]))
+    log.add(np.array([[0.5, 1, 10.0**12]]), np.array([1]), np.array([[False, False, False]]))
+    n, c = log.counts([0, 2])
+    index = log._counts[(0, 2)].index
+    assert set(index) == {(0, 100), (1, 100), (-1, 100), (0.5, 10.0**12)}
+    assert n[index[(-1, 100)]].tolist() == [1, 0] and c[index[(-1, 100)]].tolist() == [[1, 0], [1, 0], [0, 0]]
+    assert n[index[(0.5, 10.0**12)]].tolist() == [0, 1] and c[index[(1, 100)]].tolist() == [[0, 0], [0, 0], [1, 0]]
 
 
 # --- roles on ContextMatch and on an umbrella-like task -----------------------------------------------------

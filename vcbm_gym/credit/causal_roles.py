@@ -238,9 +238,11 @@ def _add_value_counts(table: dict[int, np.ndarray], values: np.ndarray, actions:
 
 
 def _fitting_dtype(dtype: np.dtype, values: np.ndarray) -> np.dtype:
-    """The smallest integer dtype that holds `dtype`'s values and `values`."""
+    """The smallest dtype that holds `dtype`'s values and `values` exactly (integers: by their range)."""
     if not values.size:
         return dtype
+    if not (np.issubdtype(values.dtype, np.integer) or values.dtype == bool):
+        return np.result_type(dtype, values.dtype)
     low, high = int(values.min()), int(values.max())
     return np.result_type(dtype, np.min_scalar_type(low), np.min_scalar_type(high))
 
@@ -259,7 +261,7 @@ class TransitionLog:
 
     def __init__(self, n_components: int, n_actions: int) -> None:
         self.n_components, self.n_actions, self.size = n_components, n_actions, 0
-        self._states = np.zeros((0, n_components), dtype=np.int8)
+        self._states = np.zeros((0, n_components), dtype=np.uint8)  # widened to what is logged
         self._changed = np.zeros((0, n_components), dtype=bool)
         self._actions = np.zeros(0, dtype=np.min_scalar_type(max(n_actions - 1, 0)))
         self._counts: dict[tuple[int, ...], _ContextCounts] = {}
