@@ -33,7 +33,8 @@ from algorithms.common import cli, provenance
 from algorithms.common.config import parse_overrides, user_config, zoo_hyperparams
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.spec import Arm, Report, RunOptions, RunSpec, canonical_json
-from algorithms.registry import ALGOS, get_arm
+from algorithms.registry import ALGOS, canonical_algo, get_arm
+from envs.bsuite import env_id_problem
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +96,9 @@ def check_env_id(env_id: str) -> None:
                 f"--env {env_id!r} looks like a file path; expected a registered Gymnasium id (or module:id) such as: "
                 f"{expected_ids}"
             )
+        problem = env_id_problem(env_id)  # a bsuite id off its experiment's sweep: name the valid settings
+        if problem is not None:
+            raise VcbmGymError(problem)
         raise VcbmGymError(
             f"unknown env id {env_id!r}; expected a registered Gymnasium id (or module:id) such as: {expected_ids}"
         )
@@ -144,13 +148,21 @@ def finished_summary(log_dir: Path, run: RunSpec) -> tuple[dict[str, Any] | None
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, Arm]:
-    """The command line and the arm that trains its algo."""
+    """The command line and the arm that trains its algo. The arm's flags (--credit among them) are added before
+    anything is parsed with help on, so that `--algo ALGO --help` lists them; without --algo, help says where."""
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--algo", default=None)
+    known, _ = first.parse_known_args(argv)
     parser = build_parser()
-    known, _ = parser.parse_known_args(argv)
-    arm = get_arm(known.algo)
-    arm.add_arguments(parser)
     parser.add_argument("--resume", action="store_true", help="continue the run in --log-dir (same config only)")
-    return parser.parse_args(argv), arm
+    arm = None
+    if known.algo is not None and canonical_algo(known.algo) in ALGOS:
+        arm = get_arm(known.algo)
+        arm.add_arguments(parser)
+    else:
+        parser.epilog = "--credit RULE and the flags of an algo's arm: python -m algorithms.train --algo ALGO --help"
+    args = parser.parse_args(argv)
+    return args, arm if arm is not None else get_arm(args.algo)
 
 
 def resolve_spec(
@@ -160,6 +172,7 @@ def resolve_spec(
     resolved and checked by the arm. compare, tune and suite build their runs with this, in memory."""
     cli.check_seed(seed)
     check_env_id(env)
+    algo = canonical_algo(algo)
     arm = get_arm(algo)
     mapping = zoo_hyperparams(algo, env)
     if config_file:
@@ -293,7 +306,7 @@ def execute(spec: RunSpec, log_dir: str | Path, options: RunOptions | None = Non
     summary["wall_time_s"] = time.perf_counter() - start
     summary["log_dir"] = str(log_dir)
     summary["config_hash"] = record["config_hash"]
-    summary = json.loads(json.dumps(summary, default=str))  # as a reader will see it; key order kept (roles)
+    summary = json.loads(cli.json_text(summary))  # as a reader will see it (strict JSON); key order kept (roles)
     summary["checksum"] = summary_checksum(summary)
     if cli.is_launch_main_process():
         cli.atomic_write_json(log_dir / "summary.json", summary)

@@ -46,7 +46,8 @@ from algorithms.common import provenance
 from algorithms.common.cli import ArgumentParser, atomic_write_json, check_int, check_output_dir, main, output_dir
 from algorithms.common.errors import VcbmGymError
 from algorithms.sb3.callbacks import group_ids_for
-from vcbm_gym.credit.base import RULES, EpisodeBatch, make_rule, unmet_needs
+from vcbm_gym.credit.base import EpisodeBatch, unmet_needs
+from vcbm_gym.credit.registry import RULES, make_rule
 
 DEFAULT_RULES = ("broadcast", "loo", "grpo", "ircr", "rudder", "rrd", "vcbm_bookmark")
 # Constructor arguments per rule: baselines that need no critic (there is none here).
@@ -139,7 +140,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--env", default="WatchRepair-v0", help="Gymnasium id (or module:EnvId) of a task with a known decision step"
     )
     parser.add_argument(
-        "--rules", default=",".join(DEFAULT_RULES), help="comma-separated credit rules (vcbm_gym.credit.base.RULES)"
+        "--rules", default=",".join(DEFAULT_RULES), help="comma-separated credit rules (vcbm_gym.credit.registry.RULES)"
     )
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--episodes", type=int, default=2048, help="episodes per seed")

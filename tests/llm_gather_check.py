@@ -9,7 +9,8 @@ from accelerate import Accelerator
 
 sys.path.insert(0, sys.argv[1])  # the repository root
 from algorithms.llm.trainer import gather_episode_batch  # noqa: E402
-from vcbm_gym.credit.base import EpisodeBatch, make_rule  # noqa: E402
+from vcbm_gym.credit.base import EpisodeBatch  # noqa: E402
+from vcbm_gym.credit.registry import make_rule  # noqa: E402
 
 acc = Accelerator(cpu=True)
 rank = acc.process_index

@@ -15,14 +15,15 @@ import pytest
 import yaml
 
 from algorithms import train
+from algorithms.common import credit_slot
+from algorithms.common.credit_slot import CreditSlot
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.spec import EPISODES, Arm, RunOptions, RunSpec
-from algorithms.registry import get_arm
+from algorithms.registry import ALGOS, get_arm
 from algorithms.sb3 import runner as sb3_runner
-from algorithms.tabular import credit as tabular_credit
 from algorithms.tabular import runner as tabular_runner
 from algorithms.tabular.vcbm import VCBMConfig
-from vcbm_gym.credit import base as credit_base
+from vcbm_gym.credit import registry as credit_registry
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 
@@ -82,7 +83,7 @@ def test_the_command_line_and_the_in_memory_path_resolve_the_same_run():
     spec = train.resolve_argv(argv)
     same = train.resolve_spec("td", "WatchRepair-v0", 0, {"credit": "rudder", "max_episodes": 20, "epsilon": 0.1})
     assert spec == same and spec.config_hash == same.config_hash
-    assert spec.config.credit == tabular_credit.CreditSlotConfig("rudder", {})
+    assert spec.config.credit == CreditSlot("rudder", {})
     assert spec.config.agent.epsilon == 0.1 and spec.config.run.max_episodes == 20
 
 
@@ -100,7 +101,7 @@ def _count_calls(monkeypatch, module, name: str) -> list:
 
 def test_a_tabular_run_builds_its_configs_once_and_reads_only_the_typed_config(monkeypatch, tmp_path):
     configs = _count_calls(monkeypatch, tabular_runner, "tabular_config")
-    rules = _count_calls(monkeypatch, tabular_credit, "make_rule")
+    rules = _count_calls(monkeypatch, credit_slot, "make_rule")
     summary = train.run(
         ["--algo", "mc", "--credit", "vcbm_bookmark", "--max-episodes", "20", "--no-progress", "--log-dir", str(tmp_path / "a")]
     )
@@ -117,7 +118,7 @@ def test_a_tabular_run_builds_its_configs_once_and_reads_only_the_typed_config(m
 
 def test_an_sb3_run_builds_its_configs_once_and_reads_only_the_typed_config(monkeypatch, tmp_path):
     configs = _count_calls(monkeypatch, sb3_runner, "_configs")
-    rules = _count_calls(monkeypatch, sb3_runner, "make_rule")
+    rules = _count_calls(monkeypatch, credit_slot, "make_rule")
     argv = [
         "--algo",
         "ppo",
@@ -165,7 +166,7 @@ def needs_effect_registered(monkeypatch):
     module = types.ModuleType("_arms_test_rules")
     module.NeedsEffect = _NeedsEffect
     monkeypatch.setitem(sys.modules, "_arms_test_rules", module)
-    monkeypatch.setitem(credit_base.RULES, "needs_effect", "_arms_test_rules:NeedsEffect")
+    monkeypatch.setitem(credit_registry.RULES, "needs_effect", "_arms_test_rules:NeedsEffect")
 
 
 def test_which_rules_an_arm_takes_comes_from_the_rules_declarations(needs_effect_registered):
@@ -178,7 +179,6 @@ def test_which_rules_an_arm_takes_comes_from_the_rules_declarations(needs_effect
         line = arm.credit_misfit("needs_effect")
         assert "info['effect']" in line and "observations" not in line.split("provide")[0] and "\n" not in line
         assert arm.credit_misfit("rudder") is None
-    assert "info['effect']" in tabular_credit.rule_refusal("needs_effect")
     with pytest.raises(VcbmGymError, match=r"credit rule 'needs_effect' needs info\['effect'\]"):
         train.resolve_spec("td", "WatchRepair-v0", 0, {"credit": "needs_effect"})
     with pytest.raises(VcbmGymError, match=r"credit rule 'needs_effect' needs info\['effect'\]"):
@@ -188,7 +188,7 @@ def test_which_rules_an_arm_takes_comes_from_the_rules_declarations(needs_effect
 def test_an_option_that_adds_a_need_is_checked_against_the_sb3_algorithm(tmp_path):
     given = {"credit": "vcbm_bookmark", "credit_kwargs": {"vcbm_bookmark": {"advantage": "given"}}}
     assert train.resolve_spec("ppo", "WatchRepair-v0", 0, given).config.run.credit == "vcbm_bookmark"  # GAE advantages
-    with pytest.raises(VcbmGymError, match=r"needs extras\['advantages'\], which the SB3 dqn arm does not provide"):
+    with pytest.raises(VcbmGymError, match=r"needs extras\['advantages'\], which the sb3 arm does not provide"):
         train.resolve_spec("dqn", "WatchRepair-v0", 0, {**given, "learning_starts": 50})
 
 
@@ -198,3 +198,20 @@ def test_a_refused_rule_is_one_error_line_and_nothing_on_disk(run_cli, tmp_path)
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "info['coalition_values']" in lines[0]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("algo", list(ALGOS))
+def test_every_arm_accepts_its_own_default_rule(algo):
+    arm = get_arm(algo)
+    own = arm.default_credit(algo)
+    assert arm.credit_misfit(own, algo) is None and arm.credit_misfit(own) is None
+    assert own in arm.credit_rules(algo)
+
+
+def test_the_llm_arm_declares_the_info_keys_its_rollout_collects():
+    # vcbm-loop's own rule learns from info['state_mutating']: an arm that declared none would refuse it
+    arm = get_arm("vcbm-loop")
+    assert "state_mutating" in arm.info_provides and arm.credit_misfit("vcbm_blend", "vcbm-loop") is None
+    with pytest.raises(VcbmGymError, match="credit rule 'ircr' emits rewards"):  # LOOP's loss reads advantages only
+        CreditSlot("ircr").build(arm.credit_fit("loop"))
+    assert CreditSlot("ircr", {"ircr": {"baseline": "batch_mean"}}).build(arm.credit_fit("loop")).emission() == "advantages"

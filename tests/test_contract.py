@@ -13,7 +13,7 @@ from algorithms.common.convergence import ConvergenceTracker, EpisodeOutcomes
 from algorithms.llm.runner import check_env_reports, info_needs
 from envs.delayed_reward import DelayedReward
 from vcbm_gym.contract import INFO_KEYS, NEEDS, ContractError, check_contract, required_keys
-from vcbm_gym.credit.base import RULES, rule_class
+from vcbm_gym.credit.registry import RULES, rule_class
 
 # What each registered env must satisfy beyond the API (AppWorld-v0: tests/test_appworld.py, which has its servers).
 NEEDED = {

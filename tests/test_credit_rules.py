@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from vcbm_gym.credit.base import RULES, EpisodeBatch, make_rule
+from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.broadcast import BroadcastRule
 from vcbm_gym.credit.grpo import GroupMeanRule, group_relative_advantages
+from vcbm_gym.credit.registry import RULES, make_rule
 from vcbm_gym.credit.vcbm_bookmark import VCBMBookmarkRule, bookmark_weights
 
 

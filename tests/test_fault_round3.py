@@ -24,10 +24,11 @@ from algorithms.common import cli
 from algorithms.common.convergence import ConvergenceTracker, EpisodeOutcomes
 from algorithms.experiment import distributed
 from algorithms.experiment.distributed import pack_dir, unpack_dir
-from vcbm_gym.credit.base import EpisodeBatch, make_rule
+from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.features import SpaceFeaturizer
 from vcbm_gym.credit.ircr import IRCRRule, normalised_returns
 from vcbm_gym.credit.redistribute import redistribute, return_equivalent_rewards
+from vcbm_gym.credit.registry import make_rule
 from vcbm_gym.credit.rrd import RRDConfig
 
 REPO = Path(__file__).resolve().parents[1]

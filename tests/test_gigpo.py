@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from vcbm_gym.credit.base import EpisodeBatch, make_rule
+from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.gigpo import discounted_returns
+from vcbm_gym.credit.registry import make_rule
 
 
 def _tabular_batch():

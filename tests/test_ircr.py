@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from vcbm_gym.credit.base import EpisodeBatch, make_rule
+from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.ircr import IRCRRule, normalised_returns
+from vcbm_gym.credit.registry import make_rule
 
 
 def _batch(returns, lengths=None, baseline=None) -> EpisodeBatch:
@@ -99,24 +100,28 @@ def test_bad_options_and_state_round_trip():
         restored.load_state_dict({"mean": 0.0})
 
 
-def test_the_llm_arm_accepts_ircr_and_refuses_its_given_baseline():
-    from algorithms.llm.config import check_credit
+def test_the_llm_arm_takes_ircr_as_an_advantage_only():
+    # IRCR's guidance reward is a reward (LOOP's loss has no estimator to take it); with a baseline it is an advantage
+    from algorithms.common.credit_slot import CreditSlot
+    from algorithms.llm.config import LLM_CREDIT
 
-    check_credit("ircr", {})
+    with pytest.raises(ValueError, match="credit rule 'ircr' emits rewards, and the LLM trainer"):
+        CreditSlot("ircr", {}).build(LLM_CREDIT)
+    assert CreditSlot("ircr", {"ircr": {"baseline": "batch_mean"}}).build(LLM_CREDIT).emission() == "advantages"
     with pytest.raises(ValueError, match="credit rule 'ircr' needs extras\\['baseline'\\]"):
-        check_credit("ircr", {"ircr": {"baseline": "given"}})
+        CreditSlot("ircr", {"ircr": {"baseline": "given"}}).build(LLM_CREDIT)
 
 
-def test_ppo_callback_trains_on_the_normalised_returns():
-    """The advantages PPO optimises are IRCR's of the rollout's episodes (a flipped sign would fail here)."""
-    from tests.test_sb3_credit import HORIZON, _episodes_from_buffer, _one_rollout
+def test_ppo_takes_the_normalised_returns_as_its_rewards():
+    """The rewards PPO's GAE reads are IRCR's guidance rewards of the rollout's episodes (a flipped sign would fail)."""
+    from tests.test_sb3_credit import HORIZON, _one_rollout
 
     model, _, credit = _one_rollout(IRCRRule(), n_envs=2)
-    rewards, _, _ = _episodes_from_buffer(model)
-    returns = rewards.sum(axis=1)
-    expected = (returns - returns.min()) / (returns.max() - returns.min())
-    assert returns.max() > returns.min()
-    np.testing.assert_allclose(model.seen_advantages, np.repeat(expected, HORIZON).reshape(2, -1).T, rtol=1e-5, atol=1e-6)
+    env_returns = credit._env_rewards.T.reshape(-1, HORIZON).sum(axis=1)
+    expected = (env_returns - env_returns.min()) / (env_returns.max() - env_returns.min())
+    assert env_returns.max() > env_returns.min()
+    written = model.rollout_buffer.rewards.T.reshape(-1, HORIZON)
+    np.testing.assert_allclose(written, np.repeat(expected, HORIZON).reshape(-1, HORIZON), rtol=1e-5, atol=1e-6)
 
 
 def test_train_cli_ppo_ircr_runs_end_to_end(tmp_path):

@@ -1,15 +1,17 @@
 """The import graph keeps its layers: no circle, and no import from a lower floor up to a higher one.
 
-Floors (ARCHITECTURE.md): envs (0) -> vcbm_gym (1) -> algorithms.common (2) -> the arms and the registry
-(3) -> the commands that run one thing (4) -> the experiment package, algorithms.experiment, whose commands
-run many (5, the top floor; algorithms.compare, .tune, .plot, .suite and .stats keep their names there by
-re-exporting it). Every import counts, at module level or inside a function (a lazy import is still a
-dependency).
+Floors (ARCHITECTURE.md): envs (0) -> vcbm_gym (1) -> algorithms.common (2) -> the arms (3) -> the registry,
+which names each algo's arm, and the commands that run one thing (4) -> the experiment package,
+algorithms.experiment, whose commands run many (5, the top floor; algorithms.compare, .tune, .plot, .suite and
+.stats keep their names there by re-exporting it). Every import counts, at module level or inside a function (a
+lazy import is still a dependency), and so does a string that names a project module ("pkg.module" or
+"pkg.module:Attribute", as the registry, the arms' agent tables and the rule table import by name).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -17,8 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("envs", "vcbm_gym", "algorithms")
-ARMS = ("registry", "tabular", "sb3", "llm")
-SINGLE_RUN_COMMANDS = ("train", "evaluate", "credit_fidelity", "bsuite_score")
+ARMS = ("tabular", "sb3", "llm")
+SINGLE_RUN_COMMANDS = ("registry", "train", "evaluate", "credit_fidelity", "bsuite_score")
 EXPERIMENT = ("experiment", "compare", "tune", "plot", "suite", "stats")  # the package, and its commands' old names
 TOP = 5
 
@@ -50,12 +52,18 @@ def project_modules(root: Path) -> dict[str, Path]:
     return modules
 
 
+MODULE_STRING = re.compile(r"(?:envs|vcbm_gym|algorithms)(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
+
+
 def imported_names(module: str, path: Path) -> set[str]:
-    """Every name an import statement of the module could mean (`from a import b`: a and a.b)."""
+    """Every name an import statement of the module could mean (`from a import b`: a and a.b), and every string
+    constant that names a module ("a.b" or "a.b:C", imported by name with importlib)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_STRING.fullmatch(node.value):
+            names.add(node.value.partition(":")[0])
+        elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -173,6 +181,8 @@ def test_the_checks_find_a_circle_and_an_upward_import_even_inside_a_function(tm
             "algorithms/common/a.py": f"{indent}from algorithms.train import run\n",
             "algorithms/train.py": f"{indent}from .common import a\n",
             "algorithms/registry.py": f"{indent}import algorithms.experiment.jobs\n",
+            "algorithms/tabular/__init__.py": "",
+            "algorithms/tabular/runner.py": 'RUNNER = "algorithms.registry:ALGOS"\n',
             "algorithms/experiment/__init__.py": "",
             "algorithms/experiment/jobs.py": "from algorithms import train\n",
             "envs/__init__.py": "",
@@ -185,6 +195,7 @@ def test_the_checks_find_a_circle_and_an_upward_import_even_inside_a_function(tm
     assert circles(graph) == [["algorithms.common.a", "algorithms.train"], ["envs.x", "vcbm_gym.contract"]]
     assert upward_imports(graph) == [
         "algorithms.common.a (floor 2) imports algorithms.train (floor 4)",
-        "algorithms.registry (floor 3) imports algorithms.experiment.jobs (floor 5)",
+        "algorithms.registry (floor 4) imports algorithms.experiment.jobs (floor 5)",
+        "algorithms.tabular.runner (floor 3) imports algorithms.registry (floor 4)",
         "envs.x (floor 0) imports vcbm_gym.contract (floor 1)",
     ]

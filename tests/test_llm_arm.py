@@ -5,12 +5,13 @@ import pytest
 
 pytest.importorskip("trl")
 
+from algorithms.common import credit_slot  # noqa: E402
+from algorithms.common.credit_slot import CreditSlot  # noqa: E402
 from algorithms.common.errors import ConfigError  # noqa: E402
 from algorithms.common.spec import RunOptions  # noqa: E402
 from algorithms.llm.config import LoopConfig, LoopRunConfig, MultiTurnGRPOConfig  # noqa: E402
 from algorithms.llm.runner import ARM, LLMArm, info_needs  # noqa: E402
 from algorithms.train import execute, resolve_spec  # noqa: E402
-from vcbm_gym.credit import base as credit_base  # noqa: E402
 from vcbm_gym.credit.vcbm_blend import VCBMBlendRule  # noqa: E402
 
 SMALL = {
@@ -34,9 +35,10 @@ def test_the_arm_declares_what_the_experiment_commands_read():
     assert "turn_flags['state_mutating']" in ARM.batch_provides and "observations" not in ARM.batch_provides
 
 
-def test_resolve_builds_each_config_and_the_rule_once_and_a_run_starts_from_that_rule(tmp_path, monkeypatch):
+def test_resolve_builds_each_config_once_and_each_run_builds_its_own_rule(tmp_path, monkeypatch):
     built = {"loop_config": 0, "rule": 0}
-    post_init, make_rule = LoopConfig.__post_init__, credit_base.make_rule
+    post_init, make_rule = LoopConfig.__post_init__, credit_slot.make_rule
+    rules: list = []
 
     def counting_post_init(self):
         built["loop_config"] += 1
@@ -44,24 +46,24 @@ def test_resolve_builds_each_config_and_the_rule_once_and_a_run_starts_from_that
 
     def counting_make_rule(*args, **kwargs):
         built["rule"] += 1
-        return make_rule(*args, **kwargs)
+        rules.append(make_rule(*args, **kwargs))
+        return rules[-1]
 
     monkeypatch.setattr(LoopConfig, "__post_init__", counting_post_init)
-    monkeypatch.setattr(credit_base, "make_rule", counting_make_rule)
+    monkeypatch.setattr(credit_slot, "make_rule", counting_make_rule)
     spec = resolve_spec("vcbm-loop", "TextWatchRepair-v0", 0, SMALL)
-    assert built == {"loop_config": 1, "rule": 1}
+    assert built == {"loop_config": 1, "rule": 1}  # the rule built dry (a bad argument fails here), as in every arm
     config = spec.config
     assert isinstance(config.run, LoopRunConfig) and isinstance(config.trainer, LoopConfig)
-    assert isinstance(config.rule, VCBMBlendRule) and config.rule.memory.capacity == 100_000  # the LLM arm's default
-    assert config.trainer.max_steps == 1 * config.trainer.num_iterations and spec.hyperparams["iterations"] == 1
+    assert config.slot == CreditSlot("vcbm_blend", config.trainer.credit_kwargs)  # the spec carries the recipe
     summary = execute(spec, tmp_path / "run", RunOptions(progress=False))
-    assert built == {"loop_config": 1, "rule": 1}  # validate and run build neither again
-    assert summary["memory_size"] == len(config.rule.memory) > 0  # the run trained the rule resolve built
-    again = config.take_rule()  # a second run of the spec (or of a sibling seed) starts from an untrained rule
-    assert built["rule"] == 2 and again is not config.rule and len(again.memory) == 0 and again.memory.capacity == 100_000
+    assert built == {"loop_config": 1, "rule": 2}  # the run built its own
+    trained = rules[-1]
+    assert isinstance(trained, VCBMBlendRule) and trained.memory.capacity == 100_000  # the LLM arm's default
+    assert summary["memory_size"] == len(trained.memory) > 0 and len(rules[0].memory) == 0
     assert config.trainer.output_dir != str(tmp_path / "run" / "checkpoints")  # the spec's config stays as resolved
     trl = resolve_spec("trl-grpo", "TextWatchRepair-v0", 0, {"model": "tiny-random"}).config
-    assert type(trl.trainer) is MultiTurnGRPOConfig and trl.rule is None
+    assert type(trl.trainer) is MultiTurnGRPOConfig and trl.slot is None
 
 
 def test_the_env_must_report_what_the_rule_declares_but_what_the_rollout_stands_in_for(monkeypatch):

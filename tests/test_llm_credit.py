@@ -7,14 +7,16 @@ import pytest
 
 pytest.importorskip("trl")
 
+from algorithms.common.credit_slot import CreditSlot  # noqa: E402
 from algorithms.llm.batch import anchor_keys, concat_episode_batches, episode_batch  # noqa: E402
 from algorithms.llm.checkpoints import join_state, split_state  # noqa: E402
-from algorithms.llm.config import rule_kwargs  # noqa: E402
+from algorithms.llm.config import LLM_CREDIT  # noqa: E402
 from algorithms.llm.rollout import Episode  # noqa: E402
 from algorithms.llm.trainer import LoopTrainer  # noqa: E402
 from algorithms.train import run  # noqa: E402
-from vcbm_gym.credit.base import EpisodeBatch, make_rule  # noqa: E402
+from vcbm_gym.credit.base import EpisodeBatch  # noqa: E402
 from vcbm_gym.credit.loo import loo_advantages  # noqa: E402
+from vcbm_gym.credit.registry import make_rule  # noqa: E402
 from vcbm_gym.credit.vcbm_blend import VCBMBlendRule, blend  # noqa: E402
 
 TEXTS = ["repair() done: the Corvina watch", "wait", "skip() done", "bumps: the counter moved", "sold for 12"]
@@ -48,7 +50,7 @@ def _batch(seed: int = 0, b: int = 6, turns: int = 4, tokens: int = 3, short=(1,
 
 def _trainer(credit: str, credit_kwargs: dict | None = None, processes: int = 1, index: int = 0):
     """What token_advantages reads of a LoopTrainer: its rule and its accelerator."""
-    kwargs = rule_kwargs(credit, credit_kwargs or {})
+    kwargs = CreditSlot(credit, credit_kwargs or {}).rule_kwargs(LLM_CREDIT)
     accelerator = types.SimpleNamespace(num_processes=processes, process_index=index)
     return types.SimpleNamespace(credit_rule=make_rule(credit, **kwargs), accelerator=accelerator, _pending_observe=None)
 
@@ -107,7 +109,7 @@ def test_groups_spread_over_processes_are_gathered_before_the_rule(monkeypatch):
 
     monkeypatch.setattr(accelerate.utils, "gather_object", lambda objects: [p for p in parts])
     for credit in ("loo", "grpo", "gigpo", "vcbm_blend"):
-        expected = make_rule(credit, **rule_kwargs(credit, {})).advantages(whole)
+        expected = make_rule(credit, **CreditSlot(credit, {}).rule_kwargs(LLM_CREDIT)).advantages(whole)
         for rank, rows in ((0, slice(0, 3)), (1, slice(3, 6))):
             trainer = _trainer(credit, processes=2, index=rank)
             got = LoopTrainer.token_advantages(trainer, parts[rank])

@@ -66,9 +66,10 @@ def _calls(dump: Path) -> list[dict[int, dict]]:
 
 @pytest.mark.slow
 def test_two_processes_train_with_one_process_credit_checkpoint_resume_and_load(tmp_path):
+    from algorithms.common.credit_slot import CreditSlot
     from algorithms.evaluate import model_policy
-    from algorithms.llm.config import rule_kwargs
-    from vcbm_gym.credit.base import make_rule
+    from algorithms.llm.config import LLM_CREDIT
+    from vcbm_gym.credit.registry import make_rule
 
     model = ["--model", str(_base_model(tmp_path / "base"))]
     log_dir = tmp_path / "run"
@@ -95,7 +96,7 @@ def test_two_processes_train_with_one_process_credit_checkpoint_resume_and_load(
 
     # the credit each process trained on = the rule over the gathered global batch, run in one process
     config = yaml.safe_load((log_dir / "loop_config.yml").read_text())
-    rule = make_rule(config["credit"], **rule_kwargs(config["credit"], config["credit_kwargs"]))
+    rule = make_rule(config["credit"], **CreditSlot(config["credit"], config["credit_kwargs"]).rule_kwargs(LLM_CREDIT))
     calls = _calls(tmp_path / "dump")
     assert len(calls) == 3
     lengths_differ = any_credit = False

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import vcbm_gym  # noqa: F401  (registers WatchRepair-v0)
-from vcbm_gym.credit.base import EpisodeBatch, make_rule
+from vcbm_gym.credit.base import EpisodeBatch
+from vcbm_gym.credit.registry import make_rule
 from vcbm_gym.credit.rrd import RewardModel, RRDConfig, RRDRule, mlp_backward, mlp_forward, rrd_loss, sample_subsets
 
 TRUE_REWARD = np.array([-1.0, 0.5, 2.0, 0.0])  # per category of the synthetic task
@@ -123,7 +124,7 @@ def _synthetic_batch(rng: np.random.Generator, n: int, horizon: int = 10) -> Epi
 
 
 def _exact_l_rd(rule: RRDRule, batch: EpisodeBatch) -> float:
-    return float(np.mean((batch.returns - rule.rewards(batch).sum(axis=1)) ** 2))
+    return float(np.mean((batch.returns - rule.model_rewards(batch).sum(axis=1)) ** 2))
 
 
 def _train_on_synthetic(subsequence_size: int, bias_correction: bool) -> tuple[RRDRule, float, float, np.ndarray]:
@@ -147,7 +148,7 @@ def _train_on_synthetic(subsequence_size: int, bias_correction: bool) -> tuple[R
     one_of_each = EpisodeBatch(
         np.zeros((1, 4)), np.ones((1, 4), bool), observations=np.arange(4)[None, :, None], actions=np.zeros((1, 4), np.int64)
     )
-    return rule, before, _exact_l_rd(rule, held_out), rule.rewards(one_of_each)[0]
+    return rule, before, _exact_l_rd(rule, held_out), rule.model_rewards(one_of_each)[0]
 
 
 @pytest.mark.parametrize(("subsequence_size", "bias_correction", "atol"), [(10, False, 1e-4), (4, True, 0.1)])
@@ -176,7 +177,7 @@ def test_advantages_are_raw_rewards_until_trained_then_the_model():
     np.testing.assert_array_equal(rule.advantages(batch), batch.rewards)
     rule.observe(batch)
     assert rule.stats.steps == 1
-    np.testing.assert_array_equal(rule.advantages(batch), rule.rewards(batch))
+    np.testing.assert_array_equal(rule.advantages(batch), rule.model_rewards(batch))
     short = EpisodeBatch(
         batch.rewards, np.arange(10)[None, :] < np.array([[3], [10], [1]]), observations=batch.observations, actions=batch.actions
     )
@@ -252,24 +253,49 @@ def test_bad_options_are_one_clear_error():
 
 
 def test_the_llm_arm_refuses_rrd_in_one_line():
-    from algorithms.llm.config import check_credit
+    from algorithms.common.credit_slot import CreditSlot
+    from algorithms.llm.config import LLM_CREDIT
 
-    with pytest.raises(ValueError, match="credit rule 'rrd' needs observations, actions in its EpisodeBatch"):
-        check_credit("rrd", {})
+    with pytest.raises(ValueError, match="credit rule 'rrd' needs observations, actions, which the llm arm does not provide"):
+        CreditSlot("rrd", {}).build(LLM_CREDIT)
 
 
-def test_ppo_callback_trains_on_the_learned_rewards():
-    """PPO optimises the rule's r_theta of the rollout's episodes (the model trained on them first)."""
+def _random_episodes(n: int, seed: int) -> EpisodeBatch:
+    env = gym.make("WatchRepair-v0")
+    rng, rows = np.random.default_rng(seed), []
+    for k in range(n):
+        obs, _ = env.reset(seed=seed + k)
+        observations, actions, rewards, done = [], [], [], False
+        while not done:
+            action = int(rng.integers(2))
+            observations.append(obs), actions.append(action)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            rewards.append(reward)
+            done = terminated or truncated
+        rows.append((observations, actions, rewards))
+    return EpisodeBatch(
+        np.array([r for _, _, r in rows]),
+        np.ones((n, len(rows[0][2])), dtype=bool),
+        observations=np.array([o for o, _, _ in rows]),
+        actions=np.array([a for _, a, _ in rows]),
+    )
+
+
+def test_ppo_takes_the_learned_rewards_as_its_rewards():
+    """The rewards PPO's GAE reads are the rule's r_theta of the rollout's episodes (a trained model, frozen here
+    so that the rollout's own observe leaves it as it was)."""
     from tests.test_sb3_credit import _episodes_from_buffer, _one_rollout
 
-    rule = RRDRule.from_env(gym.make("WatchRepair-v0"), min_buffer_episodes=4, train_steps=5)
+    rule = RRDRule.from_env(gym.make("WatchRepair-v0"), min_buffer_episodes=4, train_steps=20)
+    rule.observe(_random_episodes(8, seed=100))
+    assert rule.stats.steps == 20
+    rule.config.train_steps = 0
     model, _, credit = _one_rollout(rule, n_envs=4)
-    assert rule.stats.steps == 5
-    rewards, obs, actions = _episodes_from_buffer(model)
-    batch = EpisodeBatch(rewards, np.ones_like(rewards, bool), observations=obs, actions=actions)
-    expected = rule.rewards(batch)
-    assert np.abs(expected).max() > 0
-    np.testing.assert_allclose(model.seen_advantages, expected.reshape(4, -1).T, rtol=1e-5, atol=1e-6)
+    written, obs, actions = _episodes_from_buffer(model)
+    batch = EpisodeBatch(written, np.ones_like(written, bool), observations=obs, actions=actions)
+    expected = rule.model_rewards(batch)
+    assert np.abs(expected).max() > 0 and not np.allclose(expected, credit._env_rewards.T.reshape(expected.shape))
+    np.testing.assert_allclose(written, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])

@@ -15,10 +15,10 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 import vcbm_gym  # noqa: F401  (registers WatchRepair-v0)
 from algorithms.common.errors import VcbmGymError
+from algorithms.sb3.buffers import RelabelingReplayBuffer
 from algorithms.sb3.callbacks import CreditCallback, complete_episodes, discounted_returns_to_go
-from algorithms.sb3.wrappers import EpisodeRedistributionBuffer
 from algorithms.train import run as train
-from vcbm_gym.credit.base import EpisodeBatch
+from vcbm_gym.credit.base import EpisodeBatch, RewardRule
 from vcbm_gym.credit.broadcast import BroadcastRule
 from vcbm_gym.credit.redistribute import return_equivalent_rewards
 from vcbm_gym.credit.vcbm_bookmark import VCBMBookmarkRule
@@ -73,17 +73,58 @@ def test_broadcast_callback_sets_what_ppo_trains_on():
     np.testing.assert_allclose(model.seen_returns, to_go.reshape(2, -1).T, rtol=1e-5, atol=1e-4)
 
 
-def test_vcbm_bookmark_callback_equals_the_rule_on_the_same_episodes():
+class _StepRewards(RewardRule):
+    """Rewards r_t = scale * (t + 1) on every step: a reward rule whose output is known by hand."""
+
+    name = "step_rewards"
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+
+    def rewards(self, batch: EpisodeBatch) -> np.ndarray:
+        return np.where(batch.mask, self.scale * (np.arange(batch.mask.shape[1]) + 1.0)[None], 0.0)
+
+
+def _gae_by_hand(rewards: np.ndarray, values: np.ndarray, gamma: float, lam: float) -> np.ndarray:
+    """GAE of one terminated episode: delta_t = r_t + gamma V_{t+1} - V_t (V after the last step 0), A_t = sum
+    (gamma lam)^k delta_{t+k}."""
+    next_values = np.append(values[1:], 0.0)
+    deltas = rewards + gamma * next_values - values
+    out, running = np.zeros_like(rewards), 0.0
+    for t in reversed(range(len(rewards))):
+        running = deltas[t] + gamma * lam * running
+        out[t] = running
+    return out
+
+
+@pytest.mark.parametrize("scale", [1.0, -1.0])
+def test_a_reward_rule_reaches_ppo_as_the_reward_gae_sees_not_as_the_advantage(scale):
+    env = DummyVecEnv([lambda: Monitor(gym.make("WatchRepair-v0"))])
+    model = _RecordingPPO("MlpPolicy", env, n_steps=2 * HORIZON, batch_size=50, n_epochs=1, gamma=0.9, gae_lambda=0.8, seed=3)
+    model.learn(total_timesteps=2 * HORIZON, callback=CreditCallback(_StepRewards(scale)))
+    buf, steps = model.rollout_buffer, scale * (np.arange(HORIZON) + 1.0)
+    np.testing.assert_allclose(buf.rewards[:, 0], np.tile(steps, 2))  # the rule's rewards replaced the env's
+    for start in (0, HORIZON):
+        values = buf.values[start : start + HORIZON, 0]
+        expected = _gae_by_hand(steps, values, 0.9, 0.8)
+        np.testing.assert_allclose(model.seen_advantages[start : start + HORIZON, 0], expected, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(model.seen_returns[start : start + HORIZON, 0], expected + values, rtol=1e-5, atol=1e-4)
+    assert not np.allclose(model.seen_advantages[:HORIZON, 0], steps, atol=1e-2)  # not taken as the advantage
+
+
+def test_vcbm_bookmark_callback_rewards_are_the_rules_on_the_same_episodes():
     kwargs = dict(alpha=0.05, baseline="batch_mean", warmup_transitions=0, z_thresh=1.0)
     model, _, credit = _one_rollout(VCBMBookmarkRule(**kwargs), n_envs=4)
     rewards, obs, actions = _episodes_from_buffer(model)
     reference = VCBMBookmarkRule(**kwargs)
-    batch = EpisodeBatch(rewards, np.ones_like(rewards, bool), observations=obs, actions=actions)
+    env_rewards = credit._env_rewards.T.reshape(rewards.shape)
+    batch = EpisodeBatch(env_rewards, np.ones_like(env_rewards, bool), observations=obs, actions=actions)
+    np.testing.assert_allclose(rewards, reference.rewards(batch), rtol=1e-5, atol=1e-4)  # credit before observe
     reference.observe(batch)
-    expected = reference.advantages(batch)
-    np.testing.assert_allclose(model.seen_advantages, expected.reshape(4, -1).T, rtol=1e-5, atol=1e-4)
     assert reference.bookmarks(batch)[:, 0].all()  # t = 0 (flag 0, clock 0) is the bookmark
     assert credit.rule.contexts == reference.contexts
+    # once the rule knows its bookmarks, its rewards put the episode's return minus the baseline on them
+    np.testing.assert_allclose(reference.rewards(batch).sum(axis=1), env_rewards.sum(axis=1), rtol=1e-6, atol=1e-3)
 
 
 def test_complete_episodes_skips_the_rollout_edges_by_hand():
@@ -108,7 +149,7 @@ def test_return_equivalent_rewards_by_hand():
 
 def test_redistribution_buffer_holds_the_episode_back():
     space = spaces.MultiDiscrete([2, 4])
-    buffer = EpisodeRedistributionBuffer(
+    buffer = RelabelingReplayBuffer(
         16,
         space,
         spaces.Discrete(2),
@@ -166,7 +207,7 @@ def test_credit_kwargs_are_keyed_by_rule_name(tmp_path):
                 str(tmp_path),
             ]
         )
-    with pytest.raises(VcbmGymError, match="credit rule 'vcbm_bookmark' .* on 'WatchRepair-v0': alpha=0.0"):
+    with pytest.raises(VcbmGymError, match=r"credit rule 'vcbm_bookmark' .*alpha=0.0: expected a number"):
         train(
             [
                 "--algo",

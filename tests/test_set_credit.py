@@ -15,7 +15,8 @@ from envs.set_retrieval import (
     parse_items,
     sample_request,
 )
-from vcbm_gym.credit.base import EpisodeBatch, make_rule
+from vcbm_gym.credit.base import EpisodeBatch
+from vcbm_gym.credit.registry import make_rule
 from vcbm_gym.credit.set_credit import (
     banzhaf_credit,
     broadcast_credit,

@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from vcbm_gym.credit.base import EpisodeBatch, make_rule
+from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.loo import loo_advantages
+from vcbm_gym.credit.registry import make_rule
 from vcbm_gym.credit.vcbm_blend import EpisodicMemory, VCBMBlendRule, blend, hash_embed, retrieval_weights
 
 

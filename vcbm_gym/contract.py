@@ -14,7 +14,7 @@ be present, what it means, who reads it, and whether it is *evaluation only* (ne
 
 An env may also offer `credit_featurizer()` on its unwrapped instance: the per-step features a
 sequence credit model (RUDDER) reads, as a `vcbm_gym.credit.features.Featurizer`. Without it the
-features are the flattened observation and action (`episode_featurizer`).
+features are the flattened observation and action (`vcbm_gym.credit.features.episode_featurizer`).
 
 Beyond `info`, two rules Gymnasium's API leaves implicit: every reward is a finite number (one NaN
 makes every return and mean after it NaN), and an observation once returned is never changed by a
@@ -141,7 +141,10 @@ NEEDS: dict[str, tuple[str, ...]] = {
 
 def rule_info_needs(name: str) -> tuple[str, ...] | None:
     """The info keys credit rule `name` declares it learns from (CreditRule.info_needs), or None: no such rule."""
-    from vcbm_gym.credit.base import RULES, rule_class  # the rule's module only, when a rule is named
+    from vcbm_gym.credit.registry import (
+        RULES,
+        rule_class,  # the rule's module only, when a rule is named
+    )
 
     return rule_class(name).info_needs if name in RULES else None
 
@@ -259,14 +262,6 @@ def probe_steps(env: gym.Env, name: str, seed: int, steps: int = 3) -> None:
         if terminated or truncated:
             break
     observations.returned(env.reset(seed=seed)[0], f"the reset(seed={seed}) after {where}")
-
-
-def episode_featurizer(env: gym.Env):
-    """The env's own `credit_featurizer()` if it has one, else the flattened observation and action."""
-    from vcbm_gym.credit.features import SpaceFeaturizer
-
-    own = getattr(env.unwrapped, "credit_featurizer", None)
-    return own() if callable(own) else SpaceFeaturizer(env.observation_space, env.action_space)
 
 
 @dataclass(frozen=True)

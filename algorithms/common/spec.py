@@ -18,7 +18,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from vcbm_gym.credit.base import NO_CREDIT, RULES, misfit
+from algorithms.common.credit_slot import CreditFit
+from vcbm_gym.credit.base import NO_CREDIT
+from vcbm_gym.credit.registry import RULES
 
 Report = Callable[[int, dict[str, float]], None]
 
@@ -121,13 +123,31 @@ class Arm(ABC):
         """`algo`, or `algo+rule` when the run's credit rule is not the algorithm's default (`loop+none` too)."""
         return algo if credit is None or credit == self.default_credit(algo) else f"{algo}+{credit}"
 
-    def credit_misfit(self, name: str) -> str | None:
-        """Why credit rule `name` cannot run in this arm (one line), or None; imports that rule's module only."""
-        return None if name == NO_CREDIT else misfit(name, self.name, self.batch_provides, self.info_provides)
+    # The arm's own defaults for a rule's arguments, where the rule's differ (rule name -> kwargs).
+    rule_defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
 
-    def credit_rules(self) -> tuple[str, ...]:
-        """ "none" and every registered rule whose declared needs this arm meets (imports every rule's module)."""
-        return (NO_CREDIT, *(name for name in RULES if self.credit_misfit(name) is None))
+    def provides(self, algo: str | None = None) -> tuple[frozenset[str], frozenset[str]]:
+        """(batch fields, info keys) a rule can learn from in a run of `algo` (default: the arm's)."""
+        return self.batch_provides, self.info_provides
+
+    def consumes(self, algo: str | None = None) -> frozenset[str]:
+        """The kinds of credit (vcbm_gym.credit.base: "rewards", "advantages") the learner of `algo` takes (how is
+        each arm's to say: algorithms/common/credit_slot.py); `algo` None: any algorithm of the arm."""
+        return frozenset()
+
+    def credit_fit(self, algo: str | None = None) -> CreditFit:
+        """What the learner of `algo` (None: any of the arm's) gives a credit rule and takes from it."""
+        batch, info = self.provides(algo)
+        learner = f"{algo!r}" if algo else f"the {self.name} arm"
+        return CreditFit(self.name, learner, batch, info, self.consumes(algo), self.rule_defaults)
+
+    def credit_misfit(self, name: str, algo: str | None = None) -> str | None:
+        """Why credit rule `name` cannot run with `algo` (None: any algo) in this arm (one line), or None."""
+        return self.credit_fit(algo).misfit(name)
+
+    def credit_rules(self, algo: str | None = None) -> tuple[str, ...]:
+        """ "none" and every registered rule that fits (imports every rule's module)."""
+        return (NO_CREDIT, *(name for name in RULES if self.credit_misfit(name, algo) is None))
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """The arm's own train flags."""

@@ -361,7 +361,7 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
     for run_dir in find_runs(args.run_dirs):
         groups.setdefault(method_label(run_dir, _record(run_dir), args.group_by), []).append(run_dir)
     settings = {
-        "command": ["python", "-m", "algorithms.plot", *argv],
+        "command": [*"python -m algorithms.plot".split(), *argv],
         "run_dirs": list(args.run_dirs),
         "metric": args.metric,
         "group_by": args.group_by,

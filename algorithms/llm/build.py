@@ -15,7 +15,7 @@ from algorithms.common import cli
 from algorithms.common.config import as_plain_dict
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.spec import RunSpec
-from algorithms.llm.config import LLMConfig, LoopRunConfig
+from algorithms.llm.config import LLM_CREDIT, LLMConfig, LoopRunConfig
 from algorithms.llm.resolve import plain, reported
 
 CHECKPOINTS = "checkpoints"  # <log-dir>/checkpoints: the trainer's output dir
@@ -81,7 +81,7 @@ def lora_config(run_cfg: LoopRunConfig):
 
 def build_trainer(spec: RunSpec, cfg: Any, writer: Any):
     """The run's trainer (LoopTrainer, or MultiTurnGRPOTrainer for trl-grpo) on its model, task seeds and the
-    untrained rule the spec's config hands it (`LLMConfig.take_rule`)."""
+    credit rule, built here from the spec's recipe (`LLMConfig.slot`)."""
     import torch
     from datasets import Dataset
 
@@ -105,7 +105,7 @@ def build_trainer(spec: RunSpec, cfg: Any, writer: Any):
     )
     if spec.algo == "trl-grpo":
         return MultiTurnGRPOTrainer(**common)
-    return LoopTrainer(**common, credit_rule=config.take_rule())
+    return LoopTrainer(**common, credit_rule=config.slot.build(LLM_CREDIT))
 
 
 def announce(trainer: Any, cfg: Any) -> None:

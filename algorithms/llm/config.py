@@ -6,7 +6,7 @@ Names that could be confused:
 
 - `beta` is TRL's KL-penalty coefficient; LOOP has no KL penalty, so it stays 0. The blend weight
   of Eq. 14 is vcbm_blend's own `beta`, under `credit_kwargs: {vcbm_blend: {beta: ...}}`.
-- `credit` is a credit rule's name (vcbm_gym.credit.base.RULES), as SB3's `--credit`; its
+- `credit` is a credit rule's name (vcbm_gym.credit.registry.RULES), as SB3's `--credit`; its
   constructor arguments go under `credit_kwargs`, keyed by rule name, so that one config serves
   every `--credit`. `loop` names `loo`, `vcbm-loop` names `vcbm_blend`.
 - `num_generations` is K, the rollouts per task; `generation_batch_size` is the rollouts per
@@ -34,9 +34,10 @@ from typing import Any
 
 from trl import GRPOConfig
 
+from algorithms.common.credit_slot import CreditFit, CreditSlot
 from algorithms.common.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, Validated
 from algorithms.llm.prompting import WITH_ONE_SHOT
-from vcbm_gym.credit.base import CreditRule
+from vcbm_gym.credit.base import ADVANTAGES
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES as RATIO_SHARING
 
 # The credit rule of each LOOP algorithm when no config names one (trl-grpo keeps TRL's own advantage).
@@ -58,62 +59,33 @@ LLM_BATCH_PROVIDES = frozenset(
 # need not report these for a rule that learns from them.
 LLM_INFO_PROVIDES = frozenset({"state_mutating", "execution_output", "effect"})
 INFO_STAND_INS = {"execution_output": "the turn's observation text"}
-# The LLM arm's defaults for a rule's arguments where the rule's own differ: a bounded episodic memory.
-LLM_RULE_DEFAULTS = {"vcbm_blend": {"memory_capacity": 100_000}}
 FINETUNE_MODES = ("auto", "lora", "full")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 TINY_MODELS = ("tiny", "tiny-random")
 
 
-def rule_kwargs(credit: str, credit_kwargs: dict) -> dict:
-    """The constructor arguments of rule `credit`: LLM_RULE_DEFAULTS, then credit_kwargs[credit]."""
-    return {**LLM_RULE_DEFAULTS.get(credit, {}), **credit_kwargs.get(credit, {})}
+# What the LLM trainer gives a credit rule and takes from it (algorithms/common/credit_slot.py): LOOP's loss reads
+# per-token advantages, and it has no estimator of its own to take rewards; the arm's defaults for a rule's
+# arguments where the rule's own differ (a bounded episodic memory).
+LLM_CREDIT = CreditFit(
+    arm="llm",
+    learner="the LLM trainer (its PPO-clip loss reads advantages; it has no critic to take rewards)",
+    batch_provides=LLM_BATCH_PROVIDES,
+    info_provides=LLM_INFO_PROVIDES,
+    consumes=frozenset({ADVANTAGES}),
+    rule_defaults={"vcbm_blend": {"memory_capacity": 100_000}},
+)
 
 
-def _refuse_unmet(credit: str, missing: list[str]) -> None:
-    if not missing:
-        return
-    batch = [m for m in missing if not m.startswith("info[")]
-    info = [m for m in missing if m.startswith("info[")]
-    parts = ([f"{', '.join(batch)} in its EpisodeBatch"] if batch else []) + ([f"{', '.join(info)} from the env"] if info else [])
-    raise ValueError(
-        f"credit rule {credit!r} needs {' and '.join(parts)}, which the LLM arm does not provide (it has: "
-        f"{', '.join(sorted(LLM_BATCH_PROVIDES))}; it collects info: {', '.join(sorted(LLM_INFO_PROVIDES))})"
-    )
-
-
-def check_credit_class(credit: str, credit_kwargs: dict) -> None:
-    """Refuse (ValueError, one line) a rule that is unknown, whose credit_kwargs are malformed, or whose class
-    declares inputs (batch fields, env info keys) the LLM arm does not provide. Builds nothing."""
-    from vcbm_gym.credit.base import RULES, rule_class, unmet_rule_needs
-
+def credit_slot(credit: str, credit_kwargs: dict) -> CreditSlot:
+    """The run's rule as a recipe; `credit: vcbm` (the earlier name of vcbm-loop's rule) is one line saying where
+    its settings went."""
     if credit == "vcbm":
         raise ValueError(
             "credit='vcbm': VCBM-blended LOOP is now credit: vcbm_blend (its settings under "
             "credit_kwargs: {vcbm_blend: {beta: ..., tau: ...}})"
         )
-    if credit not in RULES:
-        raise ValueError(f"credit={credit!r}: expected a credit rule, one of: {', '.join(RULES)}")
-    if not isinstance(credit_kwargs, dict) or not all(k in RULES and isinstance(v, dict) for k, v in credit_kwargs.items()):
-        raise ValueError(
-            f"credit_kwargs={credit_kwargs!r}: expected rule name -> mapping of its arguments, e.g. {{vcbm_blend: {{beta: 0.5}}}}"
-        )
-    _refuse_unmet(credit, unmet_rule_needs(rule_class(credit), LLM_BATCH_PROVIDES, LLM_INFO_PROVIDES))
-
-
-def check_credit(credit: str, credit_kwargs: dict) -> CreditRule:
-    """The run's rule, built once: refused (ValueError, one line) when it is unknown, badly configured, or
-    needs what the LLM arm does not provide (its class's declarations, then the built instance's `needs()`)."""
-    from vcbm_gym.credit.base import make_rule, unmet_rule_needs
-
-    check_credit_class(credit, credit_kwargs)
-    kwargs = rule_kwargs(credit, credit_kwargs)
-    try:
-        rule = make_rule(credit, **kwargs)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"credit rule {credit!r} (credit_kwargs {kwargs!r}): {exc}") from None
-    _refuse_unmet(credit, unmet_rule_needs(rule, LLM_BATCH_PROVIDES, LLM_INFO_PROVIDES))
-    return rule
+    return CreditSlot(credit, credit_kwargs)
 
 
 @dataclass
@@ -161,22 +133,18 @@ class LLMConfig:
     """`RunSpec.config` of an LLM run, built once when the run is resolved (algorithms/llm/resolve.py).
 
     `trainer` is complete but for what the run itself decides (its output dir, seed and progress bar:
-    `algorithms.llm.build.trainer_config_for_run`); `rule` is the credit rule resolve built and checked
-    (None for trl-grpo), which the spec's run trains (`take_rule`)."""
+    `algorithms.llm.build.trainer_config_for_run`); the credit rule's recipe is the trainer config's `credit`
+    and `credit_kwargs` (`slot`), and the run builds the rule (algorithms/common/credit_slot.py)."""
 
     run: LoopRunConfig
     trainer: Any  # LoopConfig (loop, vcbm-loop) or MultiTurnGRPOConfig (trl-grpo)
-    rule: CreditRule | None
-    _taken: list = field(default_factory=list, compare=False, repr=False)
 
-    def take_rule(self) -> CreditRule | None:
-        """The untrained rule a run trains: the one resolve built, the first time; after that (one spec, or
-        seeds of one template, run again in this process) a new one built the same way, since the first is
-        trained by then. Not a copy: a bounded memory's preallocated arrays would cost their full size."""
-        if self.rule is None or not self._taken:
-            self._taken.append(True)
-            return self.rule
-        return check_credit(self.trainer.credit, self.trainer.credit_kwargs)
+    @property
+    def slot(self) -> CreditSlot | None:
+        """The credit rule's recipe; None for trl-grpo (TRL's own group advantage)."""
+        if not hasattr(self.trainer, "credit"):
+            return None
+        return CreditSlot(self.trainer.credit, self.trainer.credit_kwargs)
 
 
 @dataclass
@@ -233,7 +201,7 @@ class MultiTurnGRPOConfig(GRPOConfig):
 @dataclass
 class LoopConfig(MultiTurnGRPOConfig):
     # credit: a rule of vcbm_gym.credit (LOOP: loo, Eq. 6; VCBM-LOOP: vcbm_blend, Eq. 12-14)
-    credit: str = field(default=DEFAULT_CREDIT["loop"], metadata={"help": "credit rule name (vcbm_gym.credit.base.RULES)"})
+    credit: str = field(default=DEFAULT_CREDIT["loop"], metadata={"help": "credit rule name (vcbm_gym.credit.registry.RULES)"})
     credit_kwargs: dict = field(
         default_factory=dict, metadata={"help": "rule name -> its constructor arguments, e.g. {vcbm_blend: {beta: 1.0}}"}
     )
@@ -262,7 +230,7 @@ class LoopConfig(MultiTurnGRPOConfig):
     vllm_importance_sampling_mode: str = "token_truncate"
 
     def __post_init__(self) -> None:
-        check_credit_class(self.credit, self.credit_kwargs)  # the instance is built once, by check_credit
+        credit_slot(self.credit, self.credit_kwargs).check(LLM_CREDIT)  # the run builds the rule itself
         if self.ratio_sharing not in RATIO_SHARING:
             raise ValueError(f"ratio_sharing={self.ratio_sharing!r}: expected one of {RATIO_SHARING}")
         if self.beta != 0.0:

@@ -1,5 +1,6 @@
 """An LLM run resolved once: a flat mapping of hyperparameters -> `RunSpec` holding the plain values that
-config.yml records (`hyperparams`) and the typed configs and credit rule built from them (`config`).
+config.yml records (`hyperparams`) and the typed configs built from them (`config`; the run builds the credit
+rule from their recipe).
 
 Each config is built here once per run: `LoopRunConfig` and the trainer's config (`LoopConfig` for
 loop / vcbm-loop, `MultiTurnGRPOConfig` for trl-grpo, with the budget it derives from `iterations`),
@@ -17,7 +18,7 @@ from algorithms.common import cli
 from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.spec import RunSpec
-from algorithms.llm.config import DEFAULT_CREDIT, LLMConfig, LoopConfig, LoopRunConfig, MultiTurnGRPOConfig, check_credit
+from algorithms.llm.config import DEFAULT_CREDIT, LLM_CREDIT, LLMConfig, LoopConfig, LoopRunConfig, MultiTurnGRPOConfig
 
 # Keys of the earlier shape (credit: loo | vcbm with vcbm_* beside it) -> their vcbm_blend argument.
 MOVED_KEYS = {
@@ -89,17 +90,17 @@ def plain(value: Any) -> Any:
 def resolve(algo: str, env_id: str, seed: int, mapping: Mapping[str, Any]) -> RunSpec:
     """Check `mapping` (one line for an unknown key, a wrong type or value, a refused rule) and build the run."""
     mapping = settled_mapping(algo, mapping)
-    run_cfg, trainer_cfg = build_configs(algo, seed, mapping)
-    rule = None
-    if isinstance(trainer_cfg, LoopConfig):
+    run_cfg, trainer_cfg = build_configs(algo, seed, mapping)  # LoopConfig checks its rule's class
+    config = LLMConfig(run_cfg, trainer_cfg)
+    if config.slot is not None:  # built dry, as every arm does: a bad argument is one line before anything is written
         try:
-            rule = check_credit(trainer_cfg.credit, trainer_cfg.credit_kwargs)
+            config.slot.build(LLM_CREDIT)
         except ValueError as exc:
             raise ConfigError(f"algo {algo!r}: {exc}") from None
     hyperparams = as_plain_dict(run_cfg)
     for name in list(reported(algo)) + [k for k in mapping if k not in hyperparams]:
         hyperparams[name] = plain(getattr(trainer_cfg, name))
-    return RunSpec(algo, env_id, seed, hyperparams, LLMConfig(run_cfg, trainer_cfg, rule))
+    return RunSpec(algo, env_id, seed, hyperparams, config)
 
 
 def settled_mapping(algo: str, mapping: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ checked dry (`LLMArm.validate`, `LLMArm.check_resume`), then trained (`LLMArm.ru
 trainer through algorithms/llm/build.py). The trainer settings the run decides itself (output dir, seed,
 progress bar, device, and the step budget derived from `iterations`) are refused as hyperparameters.
 
-Credit: `--credit RULE` (a name in vcbm_gym.credit.base.RULES), as for the SB3 runner; the rule's
+Credit: `--credit RULE` (a name in vcbm_gym.credit.registry.RULES), as for the SB3 runner; the rule's
 arguments go under `credit_kwargs`, keyed by rule name (`credit_kwargs: {vcbm_blend: {beta: 0.5}}`).
 `loop` and `vcbm-loop` differ only in their own rule (`loo`, `vcbm_blend`: config.DEFAULT_CREDIT); any rule whose inputs the
 LLM arm's EpisodeBatch holds works with either (grpo, gigpo, broadcast); one that needs more (casi:
@@ -58,13 +58,22 @@ from typing import Any
 
 from algorithms.common import cli
 from algorithms.common.config import make_env
+from algorithms.common.credit_slot import CreditFit
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.spec import ITERATIONS, Arm, RunOptions, RunSpec
 from algorithms.llm import resolve as resolving
-from algorithms.llm.config import DEFAULT_CREDIT, INFO_STAND_INS, LLM_BATCH_PROVIDES, TINY_MODELS, LLMConfig
+from algorithms.llm.config import (
+    DEFAULT_CREDIT,
+    INFO_STAND_INS,
+    LLM_BATCH_PROVIDES,
+    LLM_CREDIT,
+    LLM_INFO_PROVIDES,
+    TINY_MODELS,
+    LLMConfig,
+)
 from vcbm_gym.contract import NEEDS, require_info
-from vcbm_gym.credit.base import RULES, rule_class
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES
+from vcbm_gym.credit.registry import RULES, rule_class
 
 
 def info_needs(credit: str | None, ratio_sharing: str) -> dict[str, str]:
@@ -125,7 +134,7 @@ def check_system_prompt(target: str | None) -> None:
     """`system_prompt`: None, or module:function(one_shot) that loads and is callable."""
     if not target:
         return
-    from algorithms.registry import load_object
+    from algorithms.common.config import load_object
 
     try:
         prompt = load_object(target)
@@ -151,6 +160,15 @@ class LLMArm(Arm):
     multi_process = True  # torchrun / accelerate launch
     resumes_itself = True  # checkpoints: --resume continues the run
     batch_provides = LLM_BATCH_PROVIDES
+    info_provides = LLM_INFO_PROVIDES
+    rule_defaults = LLM_CREDIT.rule_defaults
+
+    def consumes(self, algo: str | None = None) -> frozenset[str]:
+        """loop and vcbm-loop read advantages (LOOP's loss); trl-grpo keeps TRL's own group advantage."""
+        return frozenset() if algo == "trl-grpo" else LLM_CREDIT.consumes
+
+    def credit_fit(self, algo: str | None = None) -> CreditFit:
+        return LLM_CREDIT if algo != "trl-grpo" else super().credit_fit(algo)
 
     def default_credit(self, algo: str) -> str:
         return DEFAULT_CREDIT.get(algo, "none")

@@ -47,16 +47,17 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from algorithms.common.config import load_object
+from algorithms.common.credit_slot import credit_of
 from algorithms.common.errors import ConfigError
 from algorithms.llm.batch import context_keys, episode_batch, gather_episode_batch
 from algorithms.llm.checkpoints import load_loop_state, save_loop_state
-from algorithms.llm.config import LoopConfig, check_credit
+from algorithms.llm.config import LLM_CREDIT, LoopConfig, credit_slot
 from algorithms.llm.loss import kl_old_new, ppo_clip_token_loss, token_ratios
 from algorithms.llm.metrics import local_rollout_record, rollout_metrics
 from algorithms.llm.rollout import CachedGeneration, Episode, full_attention_only, hf_generate, play_episodes
 from algorithms.llm.shared_prefix import shared_prefix_logps
 from algorithms.llm.vllm import fit_engine_to_platform, gather_counts, vllm_turn
-from algorithms.registry import load_object
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 
@@ -384,7 +385,7 @@ class LoopTrainer(MultiTurnGRPOTrainer):
     def __init__(self, model, args: LoopConfig, *trainer_args, credit_rule: CreditRule | None = None, **trainer_kwargs) -> None:
         """As MultiTurnGRPOTrainer; `args` carries the LOOP settings and names the credit rule (`credit`,
         `credit_kwargs`). `credit_rule`: that rule as the run built it (algorithms.llm.resolve); built here if None."""
-        self.credit_rule = check_credit(args.credit, args.credit_kwargs) if credit_rule is None else credit_rule
+        self.credit_rule = credit_slot(args.credit, args.credit_kwargs).build(LLM_CREDIT) if credit_rule is None else credit_rule
         self._pending_observe: EpisodeBatch | None = None
         self._grad_norms: deque[float] = deque(maxlen=args.outlier_grad_window)
         self.outlier_grad_events = 0
@@ -414,13 +415,13 @@ class LoopTrainer(MultiTurnGRPOTrainer):
     def token_advantages(self, batch: EpisodeBatch) -> np.ndarray:
         """(B, T) advantages of this process's episodes: the credit rule over all processes' episodes.
 
-        The rule observes the (gathered) batch at the end of the iteration, and only if the
-        iteration is kept (an aborted iteration's rollouts are dropped): in the LLM arm a batch's
-        advantages come from the rule's state before that batch.
+        The order every arm keeps (CreditRule; `credit_slot.credit_of`): the batch's advantages from the rule's
+        state after every earlier batch, then `observe` on it, at the end of the iteration and only if the
+        iteration is kept (an aborted iteration's rollouts are dropped).
         """
         full, start = gather_episode_batch(self.accelerator, batch)
         self._pending_observe = full
-        advantages = self.credit_rule.advantages(full)
+        advantages = credit_of(self.credit_rule, full)
         return advantages[start : start + batch.batch_size, : batch.rewards.shape[1]]
 
     def _cells(self, episodes: list[Episode]) -> np.ndarray:

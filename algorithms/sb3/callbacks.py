@@ -1,20 +1,28 @@
-"""SB3 callbacks: a credit rule rewrites PPO/A2C advantages; a tracker stops at convergence.
+"""SB3 callbacks: a credit rule rewrites PPO/A2C's rollout (advantages, or rewards through GAE); a tracker stops
+at convergence.
 
-`CreditCallback(rule)` runs at the end of every rollout, after SB3 has computed GAE. Episode
-assembly from the RolloutBuffer (n_steps, n_envs): each env column is cut at `episode_starts`;
-an episode is *complete* when it starts inside this rollout and ends inside it (the last step of
-the rollout counts when SB3's final `dones` is set). Only complete episodes go to the rule (its
-`observe`, then `advantages`), and only their steps are rewritten:
-  advantages[t] = the rule's A_t;   returns[t] = sum_{s>=t} gamma^(s-t) r_s (Monte Carlo, what the
-  critic estimates; the episode is complete, so nothing needs bootstrapping).
-Steps of episodes cut by the rollout edge keep SB3's GAE advantage and TD(lambda) return (the
-critic bootstraps them): an episode split across two rollouts cannot have its first half
-re-weighted after it was optimised. Choose `n_steps` a multiple of the episode length (as
-zoo_configs/ppo.yml does for WatchRepair's 50 steps) and every episode is complete.
-The critic's V(s_0) of each episode is passed as extras["baseline"] (broadcast.py's "given"),
-SB3's GAE advantages as extras["advantages"] (vcbm_bookmark.py's advantage="given").
-Group ids (LOO, GRPO): "none" puts all episodes of the rollout in one group; "initial_obs"
-groups episodes that start from the same observation (on WatchRepair: the same brand).
+`CreditCallback(rule)` runs at the end of every rollout, after SB3 has computed GAE. Episode assembly from
+the RolloutBuffer (n_steps, n_envs): each env column is cut at `episode_starts`; an episode is *complete*
+when it starts inside this rollout and ends inside it (the last step of the rollout counts when SB3's final
+`dones` is set). Only complete episodes go to the rule, with the env's own rewards (recorded at every step,
+before SB3 adds a truncated episode's bootstrap gamma V(s_T) to its last reward), and only their steps are
+rewritten, by the kind of credit the rule emits (algorithms/common/credit_slot.py):
+
+- *rewards* (rudder, rrd, ircr, vcbm_bookmark): the rule's per-step rewards replace the env's in the buffer
+  (the bootstrap term kept), and SB3's own `compute_returns_and_advantage` runs again: GAE and the critic's
+  TD(lambda) targets are computed on the redistributed rewards, as RUDDER trains PPO (Arjona-Medina et al.
+  2019). The critic learns the value of the new rewards.
+- *advantages* (broadcast, loo, grpo, ...): advantages[t] = the rule's A_t; returns[t] = sum_{s>=t}
+  gamma^(s-t) r_s (Monte Carlo, what the critic estimates; the episode is complete, so nothing needs
+  bootstrapping).
+
+Steps of episodes cut by the rollout edge keep SB3's GAE advantage and TD(lambda) return on the env's
+rewards: an episode split across two rollouts cannot have its first half re-weighted after it was
+optimised. Choose `n_steps` a multiple of the episode length (as zoo_configs/ppo.yml does for WatchRepair's
+50 steps) and every episode is complete. The critic's V(s_0) of each episode is passed as
+extras["baseline"] (broadcast.py's "given"), SB3's GAE advantages as extras["advantages"]
+(vcbm_bookmark.py's advantage="given"). Group ids (LOO, GRPO): "none" puts all episodes of the rollout in
+one group; "initial_obs" groups episodes that start from the same observation (on WatchRepair: the brand).
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
 from algorithms.common.convergence import EpisodeOutcomes
-from vcbm_gym.credit.base import CreditRule, EpisodeBatch
+from algorithms.common.credit_slot import assign_credit
+from vcbm_gym.credit.base import REWARDS, CreditRule, EpisodeBatch
 
 GROUP_BY = ("none", "initial_obs")
 DEFAULT_GROUP_BY = "none"  # all complete episodes of a rollout in one group
@@ -93,7 +102,7 @@ def discounted_returns_to_go(rewards: np.ndarray, mask: np.ndarray, gamma: float
 
 
 class CreditCallback(BaseCallback):
-    """Replace the rollout buffer's advantages (and returns) of complete episodes with `rule`'s."""
+    """Rewrite the rollout of complete episodes with `rule`'s credit: its rewards (then GAE again) or advantages."""
 
     def __init__(self, rule: CreditRule, group_by: str = DEFAULT_GROUP_BY, verbose: int = 0) -> None:
         super().__init__(verbose)
@@ -103,8 +112,15 @@ class CreditCallback(BaseCallback):
         self.last_batch: EpisodeBatch | None = None
         self.last_advantages: np.ndarray | None = None
         self.last_episodes: list[tuple[int, int, int]] = []
+        self._env_rewards: np.ndarray | None = None  # (n_steps, n_envs): the env's rewards, before SB3's bootstrap
+
+    def _on_rollout_start(self) -> None:
+        buf = self.model.rollout_buffer
+        self._env_rewards = np.zeros((buf.buffer_size, buf.n_envs), dtype=np.float32)
 
     def _on_step(self) -> bool:
+        # called after env.step and before the buffer stores the step at `pos` (SB3's collect_rollouts)
+        self._env_rewards[self.model.rollout_buffer.pos] = np.asarray(self.locals["rewards"], dtype=np.float32)
         return True
 
     def _on_rollout_end(self) -> None:
@@ -116,16 +132,27 @@ class CreditCallback(BaseCallback):
         if not episodes:
             return
         batch = rollout_episode_batch(
-            episodes, buf.rewards, buf.observations, buf.actions, buf.values, buf.advantages, self.group_by
+            episodes, self._env_rewards, buf.observations, buf.actions, buf.values, buf.advantages, self.group_by
         )
-        self.rule.observe(batch)
-        advantages = self.rule.advantages(batch)
-        returns = discounted_returns_to_go(batch.rewards, batch.mask, buf.gamma)
+        credit = assign_credit(self.rule, batch)
+        if self.rule.emission() == REWARDS:
+            self._rewrite_rewards(episodes, credit)
+        else:
+            returns = discounted_returns_to_go(batch.rewards, batch.mask, buf.gamma)
+            for k, (env, start, stop) in enumerate(episodes):
+                buf.advantages[start:stop, env] = credit[k, : stop - start]
+                buf.returns[start:stop, env] = returns[k, : stop - start]
+        self.last_batch, self.last_advantages = batch, credit
+        self.logger.record(f"credit/{self.rule.emission()[:-1]}_abs_mean", float(np.abs(credit[batch.mask]).mean()))
+
+    def _rewrite_rewards(self, episodes: list[tuple[int, int, int]], rewards: np.ndarray) -> None:
+        """The rule's rewards in place of the env's (each step keeps SB3's bootstrap term), then SB3's own GAE and
+        TD(lambda) targets on them, with the last values and dones the rollout ended on."""
+        buf = self.model.rollout_buffer
+        bootstrap = buf.rewards - self._env_rewards
         for k, (env, start, stop) in enumerate(episodes):
-            buf.advantages[start:stop, env] = advantages[k, : stop - start]
-            buf.returns[start:stop, env] = returns[k, : stop - start]
-        self.last_batch, self.last_advantages = batch, advantages
-        self.logger.record("credit/advantage_abs_mean", float(np.abs(advantages[batch.mask]).mean()))
+            buf.rewards[start:stop, env] = rewards[k, : stop - start] + bootstrap[start:stop, env]
+        buf.compute_returns_and_advantage(last_values=self.locals["values"], dones=np.asarray(self.locals["dones"]))
 
 
 class ConvergenceCallback(BaseCallback):

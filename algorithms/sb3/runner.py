@@ -1,10 +1,12 @@
-"""Trains an SB3 algorithm (PPO, A2C, DQN) with a pluggable credit rule on any Gymnasium env.
+"""Trains an SB3 algorithm (PPO, A2C, DQN, SAC, TD3) with a pluggable credit rule on any Gymnasium env.
 
-`--credit RULE` (a name in vcbm_gym.credit.base.RULES, or none): PPO/A2C get a CreditCallback
-that rewrites the rollout buffer's advantages; DQN gets an EpisodeRedistributionBuffer that writes
-return-equivalent redistributed rewards. Rules are built for the env (`make_rule(name, env=...)`:
-RUDDER reads the env's features). A rule whose declared needs (CreditRule.batch_needs, info_needs) the
-SB3 batch does not meet is refused (vcbm_blend, casi: this arm collects no env info keys). The convergence
+`--credit RULE` (a name in vcbm_gym.credit.registry.RULES, or none), through the credit slot
+(algorithms/common/credit_slot.py): PPO/A2C get a CreditCallback that rewrites the rollout with the rule's
+rewards (GAE and value targets then computed on them) or advantages; DQN, SAC and TD3 take reward rules only,
+through a RelabelingReplayBuffer (algorithms/sb3/buffers.py) whose sampled rewards are the rule's current
+ones. Rules are built for the env (`make_rule(name, env=...)`: RUDDER reads the env's features). A rule whose
+declared needs (CreditRule.batch_needs, info_needs) the SB3 batch does not meet, or whose kind of credit the
+learner does not take, is refused (vcbm_blend, casi: this arm collects no env info keys). The convergence
 criterion (algorithms/common/convergence.py; needs the env contract's evaluation-only
 `first_decision_optimal`) stops the run, or `max_episodes` does; without that key the run trains
 for `max_episodes` and reports its return and success rate (`is_success`). Hyperparameters: the
@@ -15,8 +17,8 @@ differs); credit-rule arguments go under `credit_kwargs`, keyed by rule name
 its own TensorBoard logs into the run's log dir.
 
 `ARM` (`SB3Arm`, an algorithms.common.spec.Arm) is what algorithms.train drives: `resolve` builds the
-run's typed config (`SB3Config`) once into the RunSpec (the rule built dry there), `validate` builds
-the model dry, and `run` trains from the typed config.
+run's typed config (`SB3Config`) once into the RunSpec (the rule built dry there), `validate` builds the model
+dry, and `run` builds the rule and the model and trains from the typed config.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.preprocessing import get_action_dim
 from stable_baselines3.common.vec_env import DummyVecEnv
 
-from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value, log_env_to_run_dir, make_env
+from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value, load_object, log_env_to_run_dir, make_env
 from algorithms.common.convergence import ConvergenceTracker, EpisodeOutcomes, EpisodeRunConfig
-from algorithms.common.errors import ConfigError, VcbmGymError
+from algorithms.common.credit_slot import CreditSlot, add_credit_argument, credit_flag, rule_summary
+from algorithms.common.errors import ConfigError
 from algorithms.common.spec import EPISODES, Arm, RunOptions, RunSpec
 from algorithms.common.validation import (
     AT_LEAST_ONE,
@@ -56,11 +59,22 @@ from algorithms.common.validation import (
     check_finite,
     check_value,
 )
-from algorithms.registry import get_algo, load_object
+from algorithms.sb3.buffers import RelabelingReplayBuffer
 from algorithms.sb3.callbacks import DEFAULT_GROUP_BY, GROUP_BY, ConvergenceCallback, CreditCallback
-from algorithms.sb3.wrappers import EpisodeRedistributionBuffer
-from vcbm_gym.contract import env_name
-from vcbm_gym.credit.base import NO_CREDIT, RULES, CreditRule, make_rule, misfit_line, unmet_rule_needs
+from vcbm_gym.credit.base import ADVANTAGES, NO_CREDIT, REWARDS, CreditRule
+
+# The arm's algorithms, algo -> "module:Class" (SB3's own classes).
+AGENTS = {
+    "ppo": "stable_baselines3:PPO",
+    "a2c": "stable_baselines3:A2C",
+    "dqn": "stable_baselines3:DQN",
+    "sac": "stable_baselines3:SAC",
+    "td3": "stable_baselines3:TD3",
+}
+
+
+def algo_class(algo: str) -> type:
+    return load_object(AGENTS[algo])
 
 
 @dataclass
@@ -68,7 +82,7 @@ class SB3RunConfig(EpisodeRunConfig):
     RANGES = {"n_envs": AT_LEAST_ONE, "episode_steps": Range(1, optional=True), "torch_threads": AT_LEAST_ONE}
 
     max_episodes: int = 30_000
-    credit: str = NO_CREDIT  # set by --credit; a rule name in vcbm_gym.credit.base.RULES
+    credit: str = NO_CREDIT  # set by --credit; a rule name in vcbm_gym.credit.registry.RULES
     n_envs: int = 1
     policy: str = "MlpPolicy"
     episode_steps: int | None = None  # None: the env's max_episode_steps or params.horizon
@@ -76,6 +90,10 @@ class SB3RunConfig(EpisodeRunConfig):
     credit_group_by: str = DEFAULT_GROUP_BY  # on-policy only: "none" or "initial_obs" (see callbacks.py)
     torch_threads: int = 1
     device: str = "cpu"
+
+    @property
+    def slot(self) -> CreditSlot:
+        return CreditSlot(self.credit, self.credit_kwargs)
 
 
 # Constructor arguments the runner sets itself (the env, the credit rule's buffer, logging).
@@ -116,11 +134,17 @@ ARG_RANGES = {
     "stats_window_size": AT_LEAST_ONE,
 }  # fmt: skip
 # What every SB3 algorithm's EpisodeBatch holds beyond rewards and mask (callbacks.rollout_episode_batch,
-# wrappers.EpisodeRedistributionBuffer), in the terms of CreditRule.batch_needs; no env info key is collected.
+# buffers.RelabelingReplayBuffer), in the terms of CreditRule.batch_needs; no env info key is collected.
 SB3_BATCH_PROVIDES = frozenset({"observations", "actions", "group_ids"})
 SB3_INFO_PROVIDES: frozenset[str] = frozenset()
-# What PPO and A2C add (CreditCallback): SB3's GAE advantages and the critic's V(s_0).
+# What PPO and A2C add (CreditCallback): SB3's GAE advantages and the critic's V(s_0); what the replay buffer
+# of DQN, SAC and TD3 adds: each step's next observation.
 ON_POLICY_EXTRAS = frozenset({"extras['advantages']", "extras['baseline']"})
+OFF_POLICY_EXTRAS = frozenset({"extras['next_observations']"})
+
+
+def is_off_policy(algo: str) -> bool:
+    return issubclass(algo_class(algo), OffPolicyAlgorithm)
 
 
 def algo_defaults(algo_cls: type) -> dict[str, Any]:
@@ -143,8 +167,7 @@ def _coerce_arg(name: str, value: Any, default: Any, owner: str) -> Any:
 
 def algo_kwargs(algo: str, mapping: dict[str, Any]) -> dict[str, Any]:
     """Every constructor argument of the SB3 class: its defaults overlaid by `mapping` (checked)."""
-    target = get_algo(algo).target
-    defaults = algo_defaults(load_object(target))
+    defaults = algo_defaults(algo_class(algo))
     out = dict(defaults)
     for key, value in mapping.items():
         out[key] = _coerce_arg(key, value, defaults[key], f"algo {algo!r}")
@@ -173,67 +196,40 @@ class SB3Config:
 
 def _configs(algo: str, mapping: Mapping[str, Any]) -> tuple[SB3RunConfig, dict[str, Any]]:
     run_names = {f.name for f in dataclasses.fields(SB3RunConfig)}
-    defaults = algo_defaults(load_object(get_algo(algo).target))
+    defaults = algo_defaults(algo_class(algo))
     unknown = [key for key in mapping if key not in run_names and key not in defaults]
     if unknown:
         known = ", ".join(sorted(run_names | set(defaults)))
         raise ConfigError(f"unknown hyperparameter {unknown[0]!r} for algo {algo!r}; expected one of: {known}")
     (run_cfg,) = build_dataclasses({k: v for k, v in mapping.items() if k in run_names}, [SB3RunConfig], owner=f"algo {algo!r}")
     kwargs = algo_kwargs(algo, {k: v for k, v in mapping.items() if k not in run_names})
-    why = ARM.credit_misfit(run_cfg.credit)
-    if why is not None:
-        raise ConfigError(why)
-    for name, rule_kwargs in run_cfg.credit_kwargs.items():
-        if name not in RULES or not isinstance(rule_kwargs, dict):
-            raise ConfigError(
-                f"hyperparameter credit_kwargs[{name!r}]={rule_kwargs!r}: expected rule name -> mapping of its arguments, "
-                f"rule names: {', '.join(RULES)}"
-            )
+    run_cfg.slot.check(ARM.credit_fit(algo))
     if run_cfg.credit_group_by not in GROUP_BY:
         raise ConfigError(f"hyperparameter credit_group_by={run_cfg.credit_group_by!r}: expected one of {', '.join(GROUP_BY)}")
     return run_cfg, kwargs
 
 
 def sb3_config(algo: str, env_id: str, mapping: Mapping[str, Any]) -> SB3Config:
-    """Run settings and every SB3 constructor argument, checked against each other and the env: a bad rule
-    argument (the rule is built once here, dry), env_kwargs, episode length, policy_kwargs or a buffer larger
-    than this machine's memory fails before the log dir exists."""
+    """Run settings and every SB3 constructor argument, checked against each other and the env: bad env_kwargs,
+    episode length, policy_kwargs or a buffer larger than this machine's memory fails before the log dir exists
+    (the credit rule is built here dry: a bad argument, or an option that adds a need, is one line)."""
     run_cfg, kwargs = _configs(algo, mapping)
-    algo_cls = load_object(get_algo(algo).target)
+    algo_cls = algo_class(algo)
     off_policy = issubclass(algo_cls, OffPolicyAlgorithm)
     probe = make_env(env_id, run_cfg.env_kwargs)
     try:
-        rule = build_rule(run_cfg.credit, run_cfg.credit_kwargs.get(run_cfg.credit, {}), probe)
+        run_cfg.slot.build(ARM.credit_fit(algo), env=probe)
         steps = episode_steps(probe, run_cfg.episode_steps)
         check_buffer_memory(off_policy, run_cfg, kwargs, probe)
     finally:
         probe.close()
-    if rule is not None:
-        provides = SB3_BATCH_PROVIDES | (frozenset() if off_policy else ON_POLICY_EXTRAS)
-        why = misfit_line(
-            run_cfg.credit, unmet_rule_needs(rule, provides, SB3_INFO_PROVIDES), f"SB3 {algo}", provides, SB3_INFO_PROVIDES
-        )
-        if why is not None:  # an option can add needs (vcbm_bookmark's advantage="given": on-policy only)
-            raise ConfigError(why)
     check_policy_kwargs(algo_cls, run_cfg.policy, kwargs.get("policy_kwargs"))
-    if rule is not None and off_policy and (run_cfg.n_envs != 1 or kwargs["learning_starts"] < steps):
+    if not run_cfg.slot.empty and off_policy and (run_cfg.n_envs != 1 or kwargs["learning_starts"] < steps):
         raise ConfigError(
-            f"DQN with --credit needs n_envs=1 and learning_starts >= one episode ({steps} steps); "
+            f"{algo} with --credit needs n_envs=1 and learning_starts >= one episode ({steps} steps); "
             f"got n_envs={run_cfg.n_envs}, learning_starts={kwargs['learning_starts']}"
         )
     return SB3Config(algo_cls, run_cfg, kwargs, steps)
-
-
-def build_rule(name: str, kwargs: dict[str, Any], env: gym.Env) -> CreditRule | None:
-    """`make_rule` for `env` with the user's errors turned into one clear line."""
-    if name == NO_CREDIT:
-        return None
-    try:
-        return make_rule(name, env=env, **kwargs)
-    except ModuleNotFoundError as exc:
-        raise VcbmGymError(f"credit rule {name!r} is registered as {RULES[name]!r} but cannot be imported: {exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"credit rule {name!r} (credit_kwargs {kwargs!r}) on {env_name(env)}: {exc}") from None
 
 
 def episode_steps(env: gym.Env, configured: int | None) -> int:
@@ -336,22 +332,22 @@ class Built:
 
 
 def build(spec: RunSpec, tensorboard_log: str | None) -> Built:
-    """The run's model, env and credit rule, with SB3's and torch's refusals turned into one line naming
-    the hyperparameter. `SB3Arm.validate` builds the model dry (tensorboard_log None: no log dir, no credit
-    rule, which resolve built once already) before algorithms.train writes anything."""
+    """The run's model, env and credit rule, with SB3's, torch's and the rule's refusals turned into one line
+    naming the hyperparameter. `SB3Arm.validate` builds the model dry (tensorboard_log None: no log dir, no
+    rule: resolve built it dry) before algorithms.train writes anything."""
     config: SB3Config = spec.config
     run_cfg, kwargs = config.run, copy.deepcopy(dict(config.algo_kwargs))  # SB3 keeps (and may change) what it is given
     torch.set_num_threads(run_cfg.torch_threads)
     rule = None
-    if tensorboard_log is not None and run_cfg.credit != NO_CREDIT:
+    if tensorboard_log is not None and not run_cfg.slot.empty:
         probe = make_env(spec.env, run_cfg.env_kwargs)
         try:
-            rule = build_rule(run_cfg.credit, run_cfg.credit_kwargs.get(run_cfg.credit, {}), probe)
+            rule = run_cfg.slot.build(ARM.credit_fit(spec.algo), env=probe, seed=spec.seed)
         finally:
             probe.close()
     callbacks = []
-    if run_cfg.credit != NO_CREDIT and config.off_policy:
-        kwargs.update(replay_buffer_class=EpisodeRedistributionBuffer, replay_buffer_kwargs={"rule": rule})
+    if rule is not None and config.off_policy:
+        kwargs.update(replay_buffer_class=RelabelingReplayBuffer, replay_buffer_kwargs={"rule": rule})
     elif rule is not None:
         callbacks.append(CreditCallback(rule, run_cfg.credit_group_by))
 
@@ -414,21 +410,18 @@ def train(spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
         )
     finally:
         built.env.close()
-    rule = built.rule
-    roles = getattr(rule, "roles", None)  # vcbm_bookmark: the causal roles it found (Eq. 9 of arXiv:2610.24032)
-    names = getattr(built.env.envs[0].unwrapped, "component_names", None) or range(len(roles or []))
+    names = getattr(built.env.envs[0].unwrapped, "component_names", None)
     return {
         **convergence.summary(),
         "credit": credit,
-        **({"credit_roles": {str(n): str(r) for n, r in zip(names, roles)}} if roles else {}),
-        **({"credit_summary": rule.summary()} if rule is not None and rule.summary() else {}),
+        **rule_summary(built.rule, names),
         "timesteps": int(built.model.num_timesteps),
         "train_time_s": time.perf_counter() - start,
     }
 
 
 class SB3Arm(Arm):
-    """Stable-Baselines3's PPO, A2C and DQN, each with a credit slot (`--credit RULE`)."""
+    """Stable-Baselines3's PPO, A2C, DQN, SAC and TD3, each with a credit slot (`--credit RULE`)."""
 
     name = "sb3"
     budget_key = "max_episodes"
@@ -440,20 +433,23 @@ class SB3Arm(Arm):
     batch_provides = SB3_BATCH_PROVIDES
     info_provides = SB3_INFO_PROVIDES
 
-    def credit_name(self, value: str) -> str:
-        """--credit's type: a rule whose declared needs this arm meets."""
-        why = self.credit_misfit(value)
-        if why is not None:
-            raise argparse.ArgumentTypeError(why)
-        return value
+    def provides(self, algo: str | None = None) -> tuple[frozenset[str], frozenset[str]]:
+        if algo is None:
+            return SB3_BATCH_PROVIDES, SB3_INFO_PROVIDES
+        return SB3_BATCH_PROVIDES | (OFF_POLICY_EXTRAS if is_off_policy(algo) else ON_POLICY_EXTRAS), SB3_INFO_PROVIDES
+
+    def consumes(self, algo: str | None = None) -> frozenset[str]:
+        """PPO and A2C take both kinds (rewards through GAE, advantages in place of GAE's); DQN, SAC and TD3 have
+        no advantage to replace: they take rewards, in their replay buffer."""
+        if algo is not None and is_off_policy(algo):
+            return frozenset({REWARDS})
+        return frozenset({REWARDS, ADVANTAGES})
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--credit", type=self.credit_name, default=None, help=f"credit rule, one of: {', '.join(self.credit_rules())}"
-        )
+        add_credit_argument(parser, self)
 
     def flag_hyperparams(self, args: argparse.Namespace) -> dict[str, Any]:
-        return {} if args.credit is None else {"credit": args.credit}
+        return credit_flag(args)
 
     def resolve(self, algo: str, env: str, seed: int, mapping: Mapping[str, Any]) -> RunSpec:
         config = sb3_config(algo, env, mapping)

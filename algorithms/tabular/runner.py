@@ -35,17 +35,36 @@ from gymnasium import spaces
 from gymnasium.envs.registration import load_env_creator
 from tqdm.auto import tqdm
 
-from algorithms.common.config import as_plain_dict, build_dataclasses, log_env_to_run_dir, make_env
+from algorithms.common.config import as_plain_dict, build_dataclasses, load_object, log_env_to_run_dir, make_env
 from algorithms.common.convergence import ConvergenceTracker, EpisodeOutcomes, EpisodeRunConfig
+from algorithms.common.credit_slot import CreditSlot, add_credit_argument, credit_flag
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.scalar_writer import ScalarWriter
 from algorithms.common.spec import EPISODES, Arm, RunOptions, RunSpec
 from algorithms.common.validation import AT_LEAST_ONE
-from algorithms.registry import get_algo, load_object
-from algorithms.tabular import credit as credit_slot
+from algorithms.tabular import credit as tabular_credit
 from algorithms.tabular.base import TabularAgent
 from algorithms.tabular.observations import TabularObservations, UntabulableSpace
+from vcbm_gym.credit.base import REWARDS
 from vcbm_gym.credit.features import SpaceFeaturizer
+
+# The arm's agents, algo -> "module:Class"; td and mc have a credit slot (a `credit` constructor argument).
+AGENTS = {
+    "vcbm": "algorithms.tabular.vcbm:VCBMAgent",
+    "vcbm-plus": "algorithms.tabular.vcbm:VCBMPlusAgent",
+    "rudder": "algorithms.tabular.rudder:RudderAgent",
+    "mc": "algorithms.tabular.mc:MonteCarloAgent",
+    "td": "algorithms.tabular.q_learning:QLearningAgent",
+}
+
+
+def agent_class(algo: str) -> type[TabularAgent]:
+    return load_object(AGENTS[algo])
+
+
+def has_credit_slot(agent_cls: type) -> bool:
+    """Agents that learn from a rule's rewards take a `credit` constructor argument (td, mc)."""
+    return "credit" in inspect.signature(agent_cls).parameters
 
 
 @dataclass
@@ -62,7 +81,7 @@ class TabularConfig:
     agent_cls: type[TabularAgent]
     run: TabularRunConfig
     agent: Any  # an instance of agent_cls.config_class
-    credit: credit_slot.CreditSlotConfig | None  # None: the agent has no credit slot (vcbm, rudder)
+    credit: CreditSlot | None  # None: the agent has no credit slot (vcbm, rudder)
 
     def hyperparams(self) -> dict[str, Any]:
         """The plain values config.yml records and the config hash identifies."""
@@ -71,8 +90,8 @@ class TabularConfig:
 
 def tabular_config(algo: str, mapping: Mapping[str, Any]) -> TabularConfig:
     """The run's, the agent's and the credit slot's dataclasses filled from `mapping` (one line at a bad key or value)."""
-    agent_cls = load_object(get_algo(algo).target)
-    has_slot = credit_slot.has_credit_slot(agent_cls)
+    agent_cls = agent_class(algo)
+    has_slot = has_credit_slot(agent_cls)
     if not has_slot:
         given = [key for key in ("credit", "credit_kwargs") if key in mapping]
         if given:
@@ -80,8 +99,10 @@ def tabular_config(algo: str, mapping: Mapping[str, Any]) -> TabularConfig:
                 f"algo {algo!r} has no credit slot (its credit assignment is its own), got {given[0]}; "
                 "expected --credit with td or mc"
             )
-    classes = [TabularRunConfig, agent_cls.config_class, *([credit_slot.CreditSlotConfig] if has_slot else [])]
+    classes = [TabularRunConfig, agent_cls.config_class, *([CreditSlot] if has_slot else [])]
     run_cfg, agent_cfg, *slot = build_dataclasses(mapping, classes, owner=f"algo {algo!r}")
+    if slot:
+        slot[0].check(ARM.credit_fit(algo))
     return TabularConfig(agent_cls, run_cfg, agent_cfg, slot[0] if slot else None)
 
 
@@ -141,8 +162,8 @@ def build_run(spec: RunSpec, log_dir: str) -> TabularRun:
             own = getattr(env.unwrapped, "credit_featurizer", None)
             extra["featurizer"] = own() if callable(own) else SpaceFeaturizer(observations.space, agent_actions)
         if config.credit is not None:
-            view = credit_slot.AgentSpacesView(env, observations.space, agent_actions)
-            extra["credit"] = credit_slot.build_rule(config.credit, view, seed=spec.seed)
+            view = tabular_credit.AgentSpacesView(env, observations.space, agent_actions)
+            extra["credit"] = config.credit.build(ARM.credit_fit(spec.algo), env=view, seed=spec.seed)
         agent = config.agent_cls(observations.space, agent_actions, config.agent, spec.seed, component_names=names, **extra)
     except BaseException:
         env.close()
@@ -207,15 +228,22 @@ class TabularArm(Arm):
     objective = EPISODES
     metric_tags = {"correct": "train/correct_moving_average", "return": "train/episode_return"}
     reports_convergence = True
-    batch_provides = credit_slot.TABULAR_BATCH_PROVIDES
-    info_provides = credit_slot.TABULAR_INFO_PROVIDES
+    batch_provides = tabular_credit.TABULAR_BATCH_PROVIDES
+    info_provides = tabular_credit.TABULAR_INFO_PROVIDES
+
+    def consumes(self, algo: str | None = None) -> frozenset[str]:
+        """td and mc learn from a rule's rewards (their targets read them in place of the env's); the other
+        agents keep their own credit."""
+        if algo is not None and not has_credit_slot(agent_class(algo)):
+            return frozenset()
+        return frozenset({REWARDS})
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """`--credit RULE`, for the agents with a credit slot."""
-        credit_slot.add_arguments(parser)
+        add_credit_argument(parser, self)
 
     def flag_hyperparams(self, args: argparse.Namespace) -> dict[str, Any]:
-        return credit_slot.flag_hyperparams(args)
+        return credit_flag(args)
 
     def resolve(self, algo: str, env: str, seed: int, mapping: Mapping[str, Any]) -> RunSpec:
         """The configs, checked; bad env_kwargs, spaces the agent cannot take and a rule that cannot run (its
@@ -224,9 +252,9 @@ class TabularArm(Arm):
         probe = make_env(env, tabular_env_kwargs(env, config.run.env_kwargs), disable_env_checker=True)
         try:
             observations, agent_actions = tabular_spaces(algo, env, probe, config.agent_cls, config.agent)
-            if config.credit is not None:
-                view = credit_slot.AgentSpacesView(probe, observations.space, agent_actions)
-                credit_slot.build_rule(config.credit, view, seed=seed)
+            if config.credit is not None:  # built dry: a bad rule argument is one line before the log dir exists
+                view = tabular_credit.AgentSpacesView(probe, observations.space, agent_actions)
+                config.credit.build(self.credit_fit(algo), env=view, seed=seed)
         finally:
             probe.close()
         return RunSpec(algo, env, seed, config.hyperparams(), config)

@@ -39,8 +39,7 @@ import numpy as np
 
 from algorithms.common.config import zoo_hyperparams
 from algorithms.common.convergence import ConvergenceTracker
-from algorithms.registry import get_algo, load_object
-from algorithms.tabular.runner import TabularRunConfig, tabular_config
+from algorithms.tabular.runner import TabularRunConfig, agent_class, tabular_config
 from algorithms.tabular.vcbm import VCBMAgent
 from envs.watch_repair import COMPONENT_NAMES, GROUND_TRUTH_ROLES, WatchRepairDynamics, WatchRepairParams
 from vcbm_gym.credit.causal_roles import FREQUENCY, Role, classify_roles
@@ -152,7 +151,7 @@ def run_batch(
     """One summary per seed, in order; `hyperparams` overrides the zoo entry for WatchRepair-v0."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: expected an integer >= 1")
-    agent_cls = load_object(get_algo(algo).target)
+    agent_cls = agent_class(algo)
     if not issubclass(agent_cls, VCBMAgent):
         raise ValueError(f"algo {algo!r}: the batched runner runs VCBM agents (vcbm, vcbm+)")
     mapping = {**zoo_hyperparams(algo, "WatchRepair-v0"), **(hyperparams or {})}

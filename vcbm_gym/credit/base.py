@@ -9,7 +9,6 @@ Turn-level metadata (e.g. `state_mutating`, the execution output text) is given 
 from __future__ import annotations
 
 import abc
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Collection, Sequence
 
@@ -77,16 +76,35 @@ class EpisodeBatch:
         return np.where(self.mask, np.asarray(per_episode, float)[:, None], 0.0)
 
 
-class CreditRule(abc.ABC):
-    """Maps an EpisodeBatch to (B, T) advantages, 0 on unmasked steps.
+ADVANTAGES = "advantages"  # the rule's output replaces the learner's advantage (PPO/A2C, LOOP)
+REWARDS = "rewards"  # the rule's output replaces the env's reward: the learner's own estimator runs on it
+EMISSIONS = (ADVANTAGES, REWARDS)
 
-    Rules that learn (RUDDER's model, VCBM's memories) update their state in `observe(batch)`;
-    callers call `observe` on a new batch before `advantages` on it. `state_dict` /
-    `load_state_dict` round-trip that state as plain Python and numpy values; saving to disk is
-    the caller's job (rules do no I/O).
+
+class CreditRule(abc.ABC):
+    """Maps an EpisodeBatch to (B, T) per-step credit, 0 on unmasked steps.
+
+    A rule declares what its credit is (`emits`): per-step *advantages* (broadcast, loo, grpo, gigpo,
+    vcbm_blend, casi), which replace a learner's advantage, or per-step *rewards* (`RewardRule`: a return
+    decomposition such as rudder, rrd, ircr), which a learner's own estimator takes in place of the env's
+    reward (GAE and value targets, TD targets, replay-buffer rewards). Arms consume each kind as its
+    papers do and refuse the kinds their learner cannot take (algorithms/common/credit_slot.py).
+
+    The call order, the same in every arm (`algorithms.common.credit_slot.assign_credit`): a batch's
+    credit first (`advantages(batch)` / `rewards(batch)`, from the rule's state after every earlier
+    batch), then the rule learns from it (`observe(batch)`). A batch's credit is never fitted to that
+    batch itself (VCBM's retrieval would find each bookmark in its own memory, a reward model would be
+    scored on its own targets); an arm may skip `observe` for a batch it discards (the LLM arm's
+    aborted iterations). `state_dict` / `load_state_dict`
+    round-trip the rule's state as plain Python and numpy values; saving to disk is the caller's job
+    (rules do no I/O).
     """
 
     name: ClassVar[str]
+    emits: ClassVar[str] = ADVANTAGES
+    # Every kind an instance may emit, for a check made before the rule is built: an option can turn a reward
+    # rule's output into an advantage (IRCR's and vcbm_bookmark's baselines); `emission()` says which.
+    may_emit: ClassVar[tuple[str, ...]] = ()
     # What the rule reads beyond `rewards` and `mask`: EpisodeBatch field names ("observations"),
     # "extras['key']" / "turn_flags['key']" for a named entry, "a | b" for either of two. A caller
     # that cannot fill one (the LLM arm has no observations) refuses the rule before it runs.
@@ -99,6 +117,15 @@ class CreditRule(abc.ABC):
     def needs(self) -> tuple[str, ...]:
         """The batch inputs this instance reads (default: the class's `batch_needs`)."""
         return self.batch_needs
+
+    def emission(self) -> str:
+        """What this instance emits (default: the class's `emits`; an option may change it, e.g. a baseline)."""
+        return self.emits
+
+    @classmethod
+    def kinds(cls) -> tuple[str, ...]:
+        """The kinds an instance of this class may emit: `may_emit`, else just `emits`."""
+        return cls.may_emit or (cls.emits,)
 
     def observe(self, batch: EpisodeBatch) -> None:
         """Learn from a batch (default: a stateless rule learns nothing)."""
@@ -119,29 +146,38 @@ class CreditRule(abc.ABC):
             raise ValueError(f"rule {self.name!r} keeps no state, got keys {sorted(state)}")
 
 
+class RewardRule(CreditRule):
+    """A rule whose credit is per-step rewards: a redistribution of the return (RUDDER, RRD, IRCR).
+
+    `rewards(batch)` is the credit; learners take it as their reward. `advantages(batch)` returns the same
+    array, for the tools that compare every rule's per-step credit (credit leakage, fidelity); no learner
+    reads a reward rule's output as an advantage.
+    """
+
+    emits = REWARDS
+
+    @abc.abstractmethod
+    def rewards(self, batch: EpisodeBatch) -> np.ndarray:
+        """(B, T) per-step rewards, 0 where `batch.mask` is False."""
+
+    def advantages(self, batch: EpisodeBatch) -> np.ndarray:
+        return self.rewards(batch)
+
+    def transition_rewards(
+        self, observations: np.ndarray, actions: np.ndarray, next_observations: np.ndarray, episode_returns: np.ndarray
+    ) -> np.ndarray | None:
+        """(N,) the current reward of N stored transitions, for a replay buffer that relabels what it samples as
+        the rule learns (RRD's and IRCR's buffers); None (the default) when a step's reward depends on its whole
+        episode (RUDDER's LSTM), so a buffer writes the episode's rewards once, when it ends."""
+        return None
+
+    def replay_elites(self) -> tuple[int, float]:
+        """(k, fraction): a replay buffer keeps the k best episodes beside its FIFO and draws this fraction of every
+        batch from them (IRCR's heap of the 10 best episodes, half of each batch); (0, 0.0): none."""
+        return 0, 0.0
+
+
 NO_CREDIT = "none"  # the credit-rule setting of a run that uses its algorithm's own credit assignment
-
-# name -> "module:Class"; imported on first use so that torch-based rules cost nothing otherwise.
-RULES: dict[str, str] = {
-    "broadcast": "vcbm_gym.credit.broadcast:BroadcastRule",
-    "loo": "vcbm_gym.credit.loo:LeaveOneOutRule",
-    "grpo": "vcbm_gym.credit.grpo:GroupMeanRule",
-    "rudder": "vcbm_gym.credit.rudder:RudderRule",
-    "vcbm_bookmark": "vcbm_gym.credit.vcbm_bookmark:VCBMBookmarkRule",
-    "vcbm_blend": "vcbm_gym.credit.vcbm_blend:VCBMBlendRule",
-    "gigpo": "vcbm_gym.credit.gigpo:GiGPORule",
-    "casi": "vcbm_gym.credit.set_credit:CASIShapingRule",
-    "ircr": "vcbm_gym.credit.ircr:IRCRRule",
-    "rrd": "vcbm_gym.credit.rrd:RRDRule",
-}
-
-
-def rule_class(name: str) -> type[CreditRule]:
-    """The class registered as `name` (imported on first use)."""
-    if name not in RULES:
-        raise KeyError(f"unknown credit rule {name!r}; expected one of: {', '.join(RULES)}")
-    module_name, _, cls_name = RULES[name].partition(":")
-    return getattr(importlib.import_module(module_name), cls_name)
 
 
 def unmet_rule_needs(
@@ -152,18 +188,6 @@ def unmet_rule_needs(
     needs = rule.needs() if isinstance(rule, CreditRule) else rule.batch_needs
     missing = unmet_needs(needs, set(batch_provides))
     return missing + [f"info[{key!r}]" for key in rule.info_needs if key not in info_provides]
-
-
-def misfit(name: str, arm: str, batch_provides: Collection[str], info_provides: Collection[str]) -> str | None:
-    """One line saying what rule `name` (its class's declarations) needs that `arm` does not provide, or None
-    when it fits; an unknown name is a line too (listing the rules that fit). Every arm refuses a rule with
-    this line, from the rule's own `batch_needs` and `info_needs`: the one declaration of what a rule needs."""
-    if name not in RULES:
-        fitting = [rule for rule in RULES if not unmet_rule_needs(rule_class(rule), batch_provides, info_provides)]
-        return f"unknown credit rule {name!r}; expected one of: {', '.join([NO_CREDIT, *fitting])}"
-    return misfit_line(
-        name, unmet_rule_needs(rule_class(name), batch_provides, info_provides), arm, batch_provides, info_provides
-    )
 
 
 def misfit_line(
@@ -182,17 +206,3 @@ def misfit_line(
 def unmet_needs(needs: Sequence[str], provided: set[str]) -> list[str]:
     """The entries of `needs` (see CreditRule.batch_needs) of which no alternative is in `provided`."""
     return [need for need in needs if not any(alt.strip() in provided for alt in need.split("|"))]
-
-
-def make_rule(name: str, env: Any = None, **kwargs: Any) -> CreditRule:
-    """Build a registered rule by name, e.g. `make_rule("loo")`.
-
-    With `env` (a Gymnasium env), a rule whose inputs depend on the env (RUDDER's features) is
-    built by its `from_env(env, **kwargs)`; the other rules ignore it.
-    """
-    if name not in RULES:
-        raise KeyError(f"unknown credit rule {name!r}; expected one of: {', '.join(RULES)}")
-    cls = rule_class(name)
-    if env is not None and hasattr(cls, "from_env"):
-        return cls.from_env(env, **kwargs)
-    return cls(**kwargs)

@@ -5,7 +5,8 @@ baseline; the "undifferentiated trajectory-level signal" of "Visual Causal-chain
     A_{k,t} = G_k - b,   for every trained step t of episode k.
 
 Baselines (constructor option `baseline`):
-  "running_mean" (default): b = the mean of every return observed so far, this batch included
+  "running_mean" (default): b = the mean of every return observed before this batch (credit comes before
+      `observe`, CreditRule's order); the batch's own mean before the first observe
       (Welford's running mean, Eq. 11 of the same paper). Works with groups of one and single episodes.
   "batch_mean":  b = the mean return of this batch.
   "group_mean":  b = the mean return of the episode's group (GRPO without the std; see grpo.py).
@@ -58,8 +59,8 @@ class BroadcastRule(CreditRule):
     def episode_advantages(self, batch: EpisodeBatch) -> np.ndarray:
         """(B,) G_k - b: the per-episode advantage that `advantages` broadcasts."""
         returns = batch.returns
-        if self.baseline == "running_mean":
-            return returns - self.mean
+        if self.baseline == "running_mean":  # before any observe, the batch's own mean (0 would be no baseline)
+            return returns - (self.mean if self.count else (returns.mean() if len(returns) else 0.0))
         if self.baseline == "batch_mean":
             return returns - returns.mean() if len(returns) else returns
         if self.baseline == "group_mean":

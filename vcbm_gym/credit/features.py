@@ -78,3 +78,41 @@ class SpaceFeaturizer:
         if self.differences:
             state = np.diff(state, axis=1, prepend=np.zeros_like(state[:, :1]))
         return np.concatenate([state, _flatten(self.action_space, acts, lead)], axis=-1)
+
+
+class TransitionFeaturizer:
+    """[s, a, s - s'] per step, the input of RRD's MuJoCo reward model (Ren et al. 2022, reference code):
+    the observation and the action flattened as `SpaceFeaturizer` does, then the change to the next
+    observation. Reads the batch's next observations (`extras['next_observations']`), so a step's features,
+    and the reward of a model on them, depend on that transition alone: a replay buffer can relabel any
+    stored transition."""
+
+    uses_next_observations = True
+
+    def __init__(self, observation_space: spaces.Space, action_space: spaces.Space) -> None:
+        if not isinstance(observation_space, spaces.Box):
+            raise TypeError(f"{observation_space}: transition features (s, a, s - s') expect a Box observation space")
+        self.step = SpaceFeaturizer(observation_space, action_space)
+        self.observation_space = observation_space
+        self.n_features = self.step.n_features + _width(observation_space)
+
+    def __call__(self, observations: np.ndarray, actions: np.ndarray, next_observations: np.ndarray) -> np.ndarray:
+        features = self.step(observations, actions)
+        lead = features.shape[:2]
+        change = _flatten(self.observation_space, np.asarray(observations), lead) - _flatten(
+            self.observation_space, np.asarray(next_observations), lead
+        )
+        return np.concatenate([features, change], axis=-1)
+
+
+def is_per_transition(featurizer: object) -> bool:
+    """Whether `featurizer`'s features of a step depend on that step's transition alone (no sequence context)."""
+    return isinstance(featurizer, TransitionFeaturizer) or (
+        isinstance(featurizer, SpaceFeaturizer) and not featurizer.differences
+    )
+
+
+def episode_featurizer(env: object) -> Featurizer:
+    """The env's own `credit_featurizer()` if it has one, else the flattened observation and action."""
+    own = getattr(getattr(env, "unwrapped", env), "credit_featurizer", None)
+    return own() if callable(own) else SpaceFeaturizer(env.observation_space, env.action_space)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from vcbm_gym.credit import options
-from vcbm_gym.credit.base import CreditRule, EpisodeBatch
+from vcbm_gym.credit.base import ADVANTAGES, REWARDS, EpisodeBatch, RewardRule
 
 BASELINES = ("none", "batch_mean", "given")
 
@@ -60,26 +60,53 @@ def normalised_returns(returns: np.ndarray, low: float, high: float) -> np.ndarr
     return (returns / size - low / size) / (high / size - low / size)
 
 
-class IRCRRule(CreditRule):
-    """A_{k,t} = (G_k - G_min) / (G_max - G_min) (minus a baseline on the same scale), the same on every step."""
+class IRCRRule(RewardRule):
+    """r_{k,t} = (G_k - G_min) / (G_max - G_min), the same on every step: the guidance reward (rewards). With a
+    baseline on the same scale subtracted it is an advantage (`baseline` other than "none").
+
+    The FIFO of recent returns holds `buffer_episodes` episodes, or, with `buffer_transitions`, the most recent
+    episodes whose lengths add up to at most that many transitions: the replay buffer of the reference code
+    (3e5 transitions), so that G_min and G_max range over what a replay buffer of that size holds, plus the
+    `top_episodes` best episodes ever seen."""
 
     name = "ircr"
+    may_emit = (REWARDS, ADVANTAGES)  # an advantage with a baseline option (see `emission`)
 
-    def __init__(self, buffer_episodes: int = 2048, top_episodes: int = 10, baseline: str = "none") -> None:
+    def __init__(
+        self,
+        buffer_episodes: int = 2048,
+        top_episodes: int = 10,
+        baseline: str = "none",
+        buffer_transitions: int | None = None,
+        elite_fraction: float = 0.5,
+    ) -> None:
         self.buffer_episodes = options.integer("buffer_episodes", buffer_episodes, 1)
+        self.buffer_transitions = (
+            None if buffer_transitions is None else options.integer("buffer_transitions", buffer_transitions, 1)
+        )
+        self.elite_fraction = options.number("elite_fraction", elite_fraction, 0, below=1)
         self.top_episodes = options.integer("top_episodes", top_episodes, 0)
         if baseline not in BASELINES:
             raise ValueError(f"baseline={baseline!r}: expected one of {', '.join(BASELINES)}")
         self.baseline = baseline
-        self.recent: deque[float] = deque(maxlen=self.buffer_episodes)
+        self.recent: deque[float] = deque(maxlen=None if self.buffer_transitions else self.buffer_episodes)
+        self.recent_lengths: deque[int] = deque()  # with buffer_transitions: each FIFO episode's length
         self.best: list[float] = []  # the `top_episodes` largest returns ever seen, ascending
 
     def needs(self) -> tuple[str, ...]:
         return ("extras['baseline']",) if self.baseline == "given" else ()
 
+    def emission(self) -> str:
+        return self.emits if self.baseline == "none" else ADVANTAGES
+
     def observe(self, batch: EpisodeBatch) -> None:
         returns = [float(g) for g in batch.returns]
         self.recent.extend(returns)
+        if self.buffer_transitions is not None:
+            self.recent_lengths.extend(int(n) for n in batch.mask.sum(axis=1))
+            while sum(self.recent_lengths) > self.buffer_transitions and len(self.recent) > 1:
+                self.recent.popleft()
+                self.recent_lengths.popleft()
         if self.top_episodes:
             self.best = sorted(self.best + returns)[-self.top_episodes :]
 
@@ -108,16 +135,34 @@ class IRCRRule(CreditRule):
     def advantages(self, batch: EpisodeBatch) -> np.ndarray:
         return batch.broadcast(self.episode_advantages(batch))
 
+    def rewards(self, batch: EpisodeBatch) -> np.ndarray:
+        """The guidance reward on every trained step (no baseline: rewards carry none)."""
+        return batch.broadcast(normalised_returns(batch.returns, *self.scale(batch)))
+
+    def replay_elites(self) -> tuple[int, float]:
+        """The reference buffer's heap: the `top_episodes` best episodes, `elite_fraction` of each batch from them."""
+        return (self.top_episodes, self.elite_fraction) if self.top_episodes and self.elite_fraction else (0, 0.0)
+
+    def transition_rewards(self, observations, actions, next_observations, episode_returns) -> np.ndarray:
+        """Each stored transition's guidance reward under the current G_min, G_max (what IRCR's buffer relabels)."""
+        return normalised_returns(episode_returns, *self.scale())
+
     def summary(self) -> dict[str, Any]:
         low, high = self.scale()
         return {"buffer_episodes": len(self.recent), "return_min": low, "return_max": high}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"recent": np.array(self.recent, dtype=np.float64), "best": np.array(self.best, dtype=np.float64)}
+        return {
+            "recent": np.array(self.recent, dtype=np.float64),
+            "recent_lengths": np.array(self.recent_lengths, dtype=np.int64),
+            "best": np.array(self.best, dtype=np.float64),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if set(state) != {"recent", "best"}:
-            raise ValueError(f"ircr state keys {sorted(state)}: expected ['best', 'recent']")
-        self.recent = deque((float(g) for g in np.asarray(state["recent"]).reshape(-1)), maxlen=self.buffer_episodes)
+        if not {"recent", "best"} <= set(state) <= {"recent", "recent_lengths", "best"}:
+            raise ValueError(f"ircr state keys {sorted(state)}: expected ['best', 'recent', 'recent_lengths']")
+        maxlen = None if self.buffer_transitions else self.buffer_episodes
+        self.recent = deque((float(g) for g in np.asarray(state["recent"]).reshape(-1)), maxlen=maxlen)
+        self.recent_lengths = deque(int(n) for n in np.asarray(state.get("recent_lengths", [])).reshape(-1))
         best = sorted(float(g) for g in np.asarray(state["best"]).reshape(-1))
         self.best = best[-self.top_episodes :] if self.top_episodes else []

@@ -56,8 +56,8 @@ import torch
 from torch import nn
 
 from vcbm_gym.credit import options
-from vcbm_gym.credit.base import CreditRule, EpisodeBatch
-from vcbm_gym.credit.features import Featurizer
+from vcbm_gym.credit.base import EpisodeBatch, RewardRule
+from vcbm_gym.credit.features import Featurizer, TransitionFeaturizer, episode_featurizer, is_per_transition
 from vcbm_gym.credit.model_training import AdamState, LessonBuffer, adam_step
 
 
@@ -73,6 +73,9 @@ class RRDConfig:
     buffer_capacity: int = 2048
     min_buffer_episodes: int = 32
     bias_correction: bool = False
+    transition_features: bool = False  # the paper's MuJoCo input [s, a, s - s'] instead of the env's step features
+    per_step_loss: bool = False  # the reference code's units: each episode's loss divided by T^2 (every length weighs alike)
+    train_steps_per_env_step: float = 0.0  # more Adam steps per observe: this many per observed transition (reference: 1)
 
     def __post_init__(self) -> None:
         self.hidden_sizes = options.layer_widths("hidden_sizes", self.hidden_sizes)
@@ -81,6 +84,9 @@ class RRDConfig:
         self.train_steps = options.integer("train_steps", self.train_steps, 0)
         self.learning_rate = options.number("learning_rate", self.learning_rate, above=0)
         self.bias_correction = options.flag("bias_correction", self.bias_correction)
+        self.transition_features = options.flag("transition_features", self.transition_features)
+        self.per_step_loss = options.flag("per_step_loss", self.per_step_loss)
+        self.train_steps_per_env_step = options.number("train_steps_per_env_step", self.train_steps_per_env_step, 0)
 
 
 class RewardModel(nn.Module):
@@ -107,6 +113,7 @@ def rrd_loss(
     lengths: np.ndarray,
     returns: np.ndarray,
     bias_correction: bool = RRDConfig.bias_correction,
+    per_step: bool = RRDConfig.per_step_loss,
 ) -> tuple[float, float, float, np.ndarray]:
     """L_Rand-RD on one sampled subset per episode, its bias correction, and the gradient:
     (loss, surrogate, correction, d loss / d step_rewards).
@@ -115,8 +122,10 @@ def rrd_loss(
     samples of episode i; lengths (B,): T_i; returns (B,): G_i. Per episode
     surrogate_i = (G_i - T_i/n_i sum_{t in I_i} r_t)^2 and correction_i = T_i^2 (1 - n_i/T_i) s_i^2 / n_i
     (s_i^2 the sample variance of the sampled r_t, 0 when n_i < 2); loss = mean_i surrogate_i, minus
-    mean_i correction_i with `bias_correction`. Written out with its gradient (tested against torch
-    autograd): a training step is a few small matrix products, which numpy runs without autograd's overhead.
+    mean_i correction_i with `bias_correction`. `per_step` divides episode i's terms by T_i^2, the units of the
+    reference code: (mean_{t in I} r_t - G_i / T_i)^2 minus s_i^2 (1 - n_i / T_i) / n_i. Written out with its
+    gradient (tested against torch autograd): a training step is a few small matrix products, which numpy runs
+    without autograd's overhead.
     """
     r = np.asarray(step_rewards, dtype=np.float64)
     m = np.asarray(sample_mask, dtype=np.float64)
@@ -132,8 +141,10 @@ def rrd_loss(
     dof = np.where(has_var, n - 1.0, 1.0)
     sample_var = (centred**2).sum(axis=1) / dof
     coef = np.where(has_var, t**2 * (1.0 - n / t) / n, 0.0)  # correction_i = coef_i * s_i^2
+    weight = 1.0 / t**2 if per_step else np.ones_like(t)
+    surrogate, coef = surrogate * weight, coef * weight
     correction = coef * sample_var
-    grad = (-2.0 * residual * t / n)[:, None] * m / batch
+    grad = (-2.0 * residual * t / n * weight)[:, None] * m / batch
     loss = float(surrogate.mean())
     if bias_correction:
         loss -= float(correction.mean())
@@ -188,7 +199,7 @@ class TrainingStats:
     correction: float = float("nan")
 
 
-class RRDRule(CreditRule):
+class RRDRule(RewardRule):
     """RRD as a credit rule: observe(batch) trains r_theta on random subsets; advantages(batch) = r_theta per step.
 
     `featurizer` maps the batch's observations and actions to per-step features (features.py);
@@ -225,10 +236,19 @@ class RRDRule(CreditRule):
 
     @classmethod
     def from_env(cls, env: gym.Env, **kwargs: Any) -> RRDRule:
-        """The rule on `env`'s features: its `credit_featurizer()` if it has one, else the flattened observation and action."""
-        from vcbm_gym.contract import episode_featurizer
-
+        """The rule on `env`'s features: [s, a, s - s'] with `transition_features`, else its `credit_featurizer()`
+        if it has one, else the flattened observation and action."""
+        config = kwargs.get("config") or RRDConfig()
+        if kwargs.get("transition_features", config.transition_features):
+            try:
+                return cls(TransitionFeaturizer(env.observation_space, env.action_space), **kwargs)
+            except TypeError as exc:
+                raise ValueError(f"transition_features=True: {exc}") from None
         return cls(episode_featurizer(env), **kwargs)
+
+    def needs(self) -> tuple[str, ...]:
+        extra = ("extras['next_observations']",) if getattr(self.featurizer, "uses_next_observations", False) else ()
+        return self.batch_needs + extra
 
     @property
     def trained(self) -> bool:
@@ -246,7 +266,10 @@ class RRDRule(CreditRule):
             keep = batch.mask.reshape(batch.mask.shape + (1,) * (values.ndim - 2))
             return np.where(keep, values, values[:, :1])
 
-        features = np.asarray(self.featurizer(real(batch.observations), real(batch.actions)), dtype=np.float64)
+        inputs = [real(batch.observations), real(batch.actions)]
+        if getattr(self.featurizer, "uses_next_observations", False):
+            inputs.append(real(batch.extras["next_observations"]))
+        features = np.asarray(self.featurizer(*inputs), dtype=np.float64)
         if features.shape != batch.mask.shape + (self.n_features,):
             raise ValueError(f"featurizer output {features.shape}: expected {batch.mask.shape + (self.n_features,)}")
         return features, lengths
@@ -258,7 +281,9 @@ class RRDRule(CreditRule):
         indices, mask = sample_subsets(self.rng, lengths, cfg.subsequence_size)
         picked = np.take_along_axis(features, indices[:, :, None], axis=1).astype(np.float64)
         step_rewards, activations = mlp_forward(self.params, picked)
-        loss, surrogate, correction, d_rewards = rrd_loss(step_rewards, mask, lengths, returns, cfg.bias_correction)
+        loss, surrogate, correction, d_rewards = rrd_loss(
+            step_rewards, mask, lengths, returns, cfg.bias_correction, cfg.per_step_loss
+        )
         adam_step(self.params, mlp_backward(self.params, activations, d_rewards), self.adam, cfg.learning_rate, 0.0)
         stats = self.stats
         stats.steps += 1
@@ -266,25 +291,41 @@ class RRDRule(CreditRule):
         return loss
 
     def observe(self, batch: EpisodeBatch) -> None:
-        """Add the episodes to the lesson buffer; train `train_steps` steps once it holds `min_buffer_episodes`."""
+        """Add the episodes to the lesson buffer; once it holds `min_buffer_episodes`, train `train_steps` steps plus
+        `train_steps_per_env_step` per transition observed."""
         features, lengths = self._features(batch)
         for feats, length, episode_return in zip(features, lengths, batch.returns):
             self.buffer.add(feats[:length].astype(np.float32), float(episode_return))
             self.episodes_seen += 1
         if len(self.buffer) >= self.config.min_buffer_episodes:
-            for _ in range(self.config.train_steps):
+            extra = round(self.config.train_steps_per_env_step * float(lengths.sum()))
+            for _ in range(self.config.train_steps + extra):
                 self.train_step()
 
-    def rewards(self, batch: EpisodeBatch) -> np.ndarray:
+    def model_rewards(self, batch: EpisodeBatch) -> np.ndarray:
         """(B, T) r_theta(s_t, a_t) on the trained steps, 0 elsewhere."""
         features, _ = self._features(batch)
         return np.where(batch.mask, mlp_forward(self.params, features)[0], 0.0)
 
-    def advantages(self, batch: EpisodeBatch) -> np.ndarray:
+    def rewards(self, batch: EpisodeBatch) -> np.ndarray:
         """The learned proxy rewards r_theta(s_t, a_t); the raw rewards until the first training step."""
         if not self.trained:
             return np.where(batch.mask, batch.rewards, 0.0)
-        return self.rewards(batch)
+        return self.model_rewards(batch)
+
+    def transition_rewards(self, observations, actions, next_observations, episode_returns) -> np.ndarray | None:
+        """r_theta of N stored transitions (each as a one-step episode), where the features are per transition;
+        None before the first training step (the buffer keeps the rewards it stored) or with sequence features."""
+        if not self.trained or not is_per_transition(self.featurizer):
+            return None
+        one_step = EpisodeBatch(
+            np.zeros((len(observations), 1)),
+            np.ones((len(observations), 1), dtype=bool),
+            observations=np.asarray(observations)[:, None],
+            actions=np.asarray(actions)[:, None],
+            extras={"next_observations": np.asarray(next_observations)[:, None]},
+        )
+        return self.model_rewards(one_step)[:, 0]
 
     def summary(self) -> dict[str, Any]:
         return {

@@ -57,8 +57,8 @@ from scipy.special import expit
 from torch import nn
 
 from vcbm_gym.credit import options
-from vcbm_gym.credit.base import CreditRule, EpisodeBatch
-from vcbm_gym.credit.features import Featurizer
+from vcbm_gym.credit.base import EpisodeBatch, RewardRule
+from vcbm_gym.credit.features import Featurizer, episode_featurizer
 from vcbm_gym.credit.model_training import AdamState, LessonBuffer, adam_step  # noqa: F401 (also imported from here)
 
 
@@ -319,7 +319,7 @@ def redistribute(
     return rewards[0] if single else rewards
 
 
-class RudderRule(CreditRule):
+class RudderRule(RewardRule):
     """RUDDER as a credit rule: observe(batch) trains the LSTM on schedule; advantages(batch) redistributes.
 
     `featurizer` maps the batch's `observations` (B, T, ...) and `actions` (B, T, ...) to the
@@ -360,8 +360,6 @@ class RudderRule(CreditRule):
     def from_env(cls, env: gym.Env, **kwargs: Any) -> RudderRule:
         """The rule on `env`'s features: its `credit_featurizer()` if it has one, else the flattened
         observation and action (the env contract, vcbm_gym/contract.py)."""
-        from vcbm_gym.contract import episode_featurizer
-
         return cls(episode_featurizer(env), **kwargs)
 
     @property
@@ -405,7 +403,7 @@ class RudderRule(CreditRule):
                 self.last_event = train_until_converged(self.model, self.adam, self.buffer, self.config)
                 self.training_events += 1
 
-    def advantages(self, batch: EpisodeBatch) -> np.ndarray:
+    def rewards(self, batch: EpisodeBatch) -> np.ndarray:
         """Redistributed per-step rewards (Eq. 5); the raw rewards until the LSTM has been trained once."""
         if not self.trained:
             return np.where(batch.mask, batch.rewards, 0.0)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from vcbm_gym.credit import options
-from vcbm_gym.credit.base import RULES, CreditRule, EpisodeBatch
+from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 CoalitionValues = np.ndarray | Sequence[float] | Callable[[frozenset], float]
 EXACT_SHAPLEY_MAX_M = 10
@@ -277,11 +277,19 @@ class CASIShapingRule(CreditRule):
         credit: str = "shapley",
         shaping_mode: str = SHAPING_MODE,
         evaluator: Callable[[EpisodeBatch, int], CoalitionValues] | None = None,
+        rule_factory: Callable[[str], CreditRule] | None = None,
     ) -> None:
+        """`rule_factory` builds the base rule by name; `make_rule` passes its own (this module names no rule table)."""
         if credit not in COALITION_RULES:
             raise ValueError(f"credit={credit!r}: expected one of {', '.join(COALITION_RULES)}")
-        if not isinstance(base, str) or base == self.name or base not in RULES:
+        if rule_factory is None:
+            raise ValueError("rule_factory=None: build casi with vcbm_gym.credit.registry.make_rule('casi', ...)")
+        if not isinstance(base, str) or base == self.name:
             raise ValueError(f"base={base!r}: expected a broadcast-style base rule such as 'loo' or 'grpo'")
+        try:
+            self.base_rule = rule_factory(base)
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"base={base!r}: expected a broadcast-style base rule such as 'loo' or 'grpo'") from None
         if shaping_mode not in SHAPING_MODES:
             raise ValueError(f"shaping_mode={shaping_mode!r}: expected one of {', '.join(SHAPING_MODES)}")
         self.beta = options.number("beta", beta)
@@ -290,15 +298,11 @@ class CASIShapingRule(CreditRule):
         self.shaping_mode, self.evaluator = shaping_mode, evaluator
 
     def needs(self) -> tuple[str, ...]:
-        from vcbm_gym.credit.base import make_rule
-
         own = () if self.evaluator is not None else self.batch_needs
-        return own + tuple(n for n in make_rule(self.base).needs() if n not in own)
+        return own + tuple(n for n in self.base_rule.needs() if n not in own)
 
     def advantages(self, batch: EpisodeBatch) -> np.ndarray:
-        from vcbm_gym.credit.base import make_rule
-
-        advantages = make_rule(self.base).advantages(batch)
+        advantages = self.base_rule.advantages(batch)
         sources: Any = batch.extras.get("coalition_values")
         if sources is None and self.evaluator is None:
             raise ValueError("CASI needs batch.extras['coalition_values'] or an evaluator(batch, b)")

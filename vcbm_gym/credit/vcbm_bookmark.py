@@ -28,7 +28,7 @@ import numpy as np
 from gymnasium import spaces
 
 from vcbm_gym.credit import options
-from vcbm_gym.credit.base import CreditRule, EpisodeBatch
+from vcbm_gym.credit.base import ADVANTAGES, REWARDS, EpisodeBatch, RewardRule
 from vcbm_gym.credit.broadcast import DEFAULT_BASELINE, BroadcastRule
 from vcbm_gym.credit.causal_roles import (
     ETA_CLOCK,
@@ -40,6 +40,7 @@ from vcbm_gym.credit.causal_roles import (
     bookmark_contexts,
     context_components,
 )
+from vcbm_gym.credit.redistribute import return_equivalent_rewards
 
 FLOOR_WEIGHT = 0.05  # alpha: the weight of a step that is no bookmark, before renormalising (vcbm_blend's too)
 
@@ -56,8 +57,9 @@ def bookmark_weights(mask: np.ndarray, is_bookmark: np.ndarray, alpha: float) ->
     return np.divide(raw * mask.sum(axis=1, keepdims=True), totals, out=np.zeros_like(raw), where=totals > 0)
 
 
-class VCBMBookmarkRule(CreditRule):
+class VCBMBookmarkRule(RewardRule):
     name = "vcbm_bookmark"
+    may_emit = (REWARDS, ADVANTAGES)  # an advantage with a baseline option (see `emission`)
     batch_needs = ("observations", "actions")
 
     def __init__(
@@ -83,6 +85,10 @@ class VCBMBookmarkRule(CreditRule):
 
     def needs(self) -> tuple[str, ...]:
         return self.batch_needs + (("extras['advantages']",) if self.advantage == "given" else ())
+
+    def emission(self) -> str:
+        """Rewards (the return-equivalent form of its advantages); advantages when it weights the caller's own."""
+        return ADVANTAGES if self.advantage == "given" else self.emits
 
     @classmethod
     def from_env(cls, env: Any, **kwargs: Any) -> VCBMBookmarkRule:
@@ -137,6 +143,11 @@ class VCBMBookmarkRule(CreditRule):
                 raise ValueError(f'advantage="given" reads batch.extras["advantages"]: expected finite {batch.mask.shape} values')
             return np.where(batch.mask, given, 0.0) * weights
         return self.returns.episode_advantages(batch)[:, None] * weights
+
+    def rewards(self, batch: EpisodeBatch) -> np.ndarray:
+        """r'_t = A_t + (G - sum_s A_s) / n: the return-equivalent rewards of the bookmark advantages, which sum
+        to each episode's return and put G - b on the bookmarks (vcbm_gym/credit/redistribute.py)."""
+        return return_equivalent_rewards(self.advantages(batch), batch.mask, batch.returns)
 
     def _integers(self, values: Any) -> np.ndarray:
         arr = np.asarray(values)

@@ -1,0 +1,174 @@
+"""Replay buffers for a reward rule (DQN, SAC, TD3): episodes enter at their end; sampled rewards are relabelled.
+
+Why not a Gymnasium reward wrapper: a rule's reward for step t may depend on the episode's return, known
+only at its end, while SB3 stores transition t as soon as `step` returns. `RelabelingReplayBuffer` keeps
+the running episode aside and writes it whole when it ends, with the rule's rewards for it
+(`credit_slot.assign_credit`: the rewards, then the rule learns from the episode).
+
+Relabelling, as the RRD and IRCR reference buffers do (Ren et al. 2022; Gangwani et al. 2020): every sampled
+transition's reward is the rule's *current* reward for it (`RewardRule.transition_rewards`: RRD's reward
+model on (s, a, s - s'), IRCR's episode return under the current G_min, G_max), so the critic always trains
+on what the reward model says now. A rule whose reward of a step depends on its whole episode (RUDDER's LSTM,
+vcbm_bookmark) returns None there, and the rewards written at the episode's end stay.
+
+Elite episodes (IRCR's heap): when the rule asks for them (`RewardRule.replay_elites()`: k > 0), the k episodes
+of the highest return ever seen are kept beside the FIFO, and the rule's fraction of every batch is drawn from
+their transitions (IRCR: 10 episodes, half of each batch).
+
+Single environment only (the buffer writes whole episodes at its position).
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.buffers import ReplayBuffer
+from stable_baselines3.common.type_aliases import ReplayBufferSamples
+
+from algorithms.common.credit_slot import assign_credit
+from vcbm_gym.credit.base import EpisodeBatch, RewardRule
+
+
+class StoredEpisode(NamedTuple):
+    """One whole episode's transitions (T rows each) and its env return."""
+
+    episode_return: float
+    observations: np.ndarray
+    actions: np.ndarray
+    next_observations: np.ndarray
+    dones: np.ndarray  # terminal (not truncated) flags
+    rewards: np.ndarray  # the rewards written when the episode ended
+
+
+class RelabelingReplayBuffer(ReplayBuffer):
+    """ReplayBuffer whose episodes enter at their end and whose sampled rewards are the rule's current ones."""
+
+    def __init__(self, *args: Any, rule: RewardRule, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.n_envs != 1:
+            raise ValueError(f"n_envs={self.n_envs}: RelabelingReplayBuffer expects a single environment")
+        elite_episodes, elite_fraction = rule.replay_elites()
+        if not 0.0 <= elite_fraction < 1.0 or (elite_fraction > 0) != (elite_episodes > 0):
+            raise ValueError(
+                f"replay_elites() = ({elite_episodes}, {elite_fraction}): expected (0, 0.0), or k >= 1 and a fraction in (0, 1)"
+            )
+        self.rule, self.elite_episodes, self.elite_fraction = rule, int(elite_episodes), float(elite_fraction)
+        self.episode_returns = np.zeros(self.buffer_size, dtype=np.float64)  # per stored row: its episode's env return
+        self.elites: list[tuple[float, int, StoredEpisode]] = []  # min-heap on the return, tie-broken by arrival
+        self._arrivals = 0
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, float, bool, bool, list[dict]]] = []
+        self.last_written: np.ndarray | None = None
+
+    def add(self, obs, next_obs, action, reward, done, infos) -> None:  # type: ignore[override]
+        done_flag = bool(np.asarray(done).reshape(-1)[0])
+        truncated = bool(infos[0].get("TimeLimit.truncated", False)) if infos else False
+        self._pending.append(
+            (
+                np.array(obs),
+                np.array(next_obs),
+                np.array(action),
+                float(np.asarray(reward).reshape(-1)[0]),
+                done_flag,
+                truncated,
+                infos,
+            )
+        )
+        if done_flag:
+            self._flush()
+
+    def _flush(self) -> None:
+        episode = self._episode_arrays()
+        batch = EpisodeBatch(
+            episode.rewards[None],
+            np.ones((1, len(episode.rewards)), dtype=bool),
+            observations=episode.observations[None],
+            actions=episode.actions[None],
+            extras={"next_observations": episode.next_observations[None]},
+        )
+        written = assign_credit(self.rule, batch)[0]
+        for (obs, next_obs, action, _, done, _, infos), reward in zip(self._pending, written):
+            self.episode_returns[self.pos] = episode.episode_return
+            super().add(obs, next_obs, action, np.array([reward], dtype=np.float32), np.array([done]), infos)
+        self.last_written = written
+        self._keep_if_elite(episode._replace(rewards=written.astype(np.float32)))
+        self._pending = []
+
+    def _episode_arrays(self) -> StoredEpisode:
+        rows = self._pending
+        observations = np.stack([p[0].reshape(self.obs_shape) for p in rows])
+        next_observations = np.stack([p[1].reshape(self.obs_shape) for p in rows])
+        actions = np.stack([p[2].reshape(self.action_dim) for p in rows])
+        actions = actions[:, 0] if self.action_dim == 1 and self.action_space.shape == () else actions
+        rewards = np.array([p[3] for p in rows], dtype=np.float64)
+        dones = np.array([p[4] and not p[5] for p in rows], dtype=np.float32)
+        return StoredEpisode(float(rewards.sum()), observations, actions, next_observations, dones, rewards)
+
+    def _keep_if_elite(self, episode: StoredEpisode) -> None:
+        if not self.elite_episodes:
+            return
+        self._arrivals += 1
+        item = (episode.episode_return, self._arrivals, episode)
+        if len(self.elites) < self.elite_episodes:
+            heapq.heappush(self.elites, item)
+        elif episode.episode_return > self.elites[0][0]:
+            heapq.heapreplace(self.elites, item)
+
+    def relabel(self, observations, actions, next_observations, episode_returns, stored: np.ndarray) -> np.ndarray:
+        """(N,) the rule's current rewards of N transitions, or the stored ones where the rule has none."""
+        current = self.rule.transition_rewards(observations, actions, next_observations, episode_returns)
+        return np.asarray(stored, dtype=np.float64).reshape(-1) if current is None else np.asarray(current, dtype=np.float64)
+
+    def _get_samples(self, batch_inds: np.ndarray, env=None) -> ReplayBufferSamples:
+        samples = super()._get_samples(batch_inds, env)
+        obs = self.observations[batch_inds, 0]
+        next_obs = (
+            self.next_observations[batch_inds, 0]
+            if not self.optimize_memory_usage
+            else (self.observations[(batch_inds + 1) % self.buffer_size, 0])
+        )
+        rewards = self.relabel(
+            obs,
+            self._rule_actions(self.actions[batch_inds, 0]),
+            next_obs,
+            self.episode_returns[batch_inds],
+            self.rewards[batch_inds, 0],
+        )
+        return samples._replace(rewards=self.to_torch(rewards.reshape(-1, 1).astype(np.float32)))
+
+    def _rule_actions(self, actions: np.ndarray) -> np.ndarray:
+        """Stored actions as the rule saw them (a Discrete action as a scalar, not SB3's (1,) row)."""
+        return actions[:, 0] if self.action_space.shape == () else actions
+
+    def sample(self, batch_size: int, env=None) -> ReplayBufferSamples:
+        n_elite = round(batch_size * self.elite_fraction) if self.elites else 0
+        fifo = super().sample(batch_size - n_elite, env)
+        if not n_elite:
+            return fifo
+        elite = self._elite_samples(n_elite)
+        return ReplayBufferSamples(*(th.cat([a, b]) for a, b in zip(fifo, elite)))
+
+    def _elite_samples(self, n: int) -> ReplayBufferSamples:
+        """n transitions drawn uniformly from the elite episodes' transitions, relabelled like the FIFO's."""
+        episodes = [item[2] for item in self.elites]
+        lengths = np.array([len(e.rewards) for e in episodes])
+        flat = np.random.randint(0, int(lengths.sum()), size=n)
+        which = np.searchsorted(np.cumsum(lengths), flat, side="right")
+        step = flat - np.concatenate([[0], np.cumsum(lengths)[:-1]])[which]
+
+        def gather(field: str) -> np.ndarray:
+            return np.stack([getattr(episodes[e], field)[t] for e, t in zip(which, step)])
+
+        obs, next_obs, actions = gather("observations"), gather("next_observations"), gather("actions")
+        returns = np.array([episodes[e].episode_return for e in which])
+        rewards = self.relabel(obs, actions, next_obs, returns, gather("rewards"))
+        sb3_actions = actions.reshape(n, self.action_dim).astype(self.actions.dtype)
+        return ReplayBufferSamples(
+            self.to_torch(self._normalize_obs(obs.astype(self.observations.dtype))),
+            self.to_torch(sb3_actions),
+            self.to_torch(self._normalize_obs(next_obs.astype(self.observations.dtype))),
+            self.to_torch(gather("dones").reshape(-1, 1)),
+            self.to_torch(self._normalize_reward(rewards.reshape(-1, 1).astype(np.float32))),
+        )
