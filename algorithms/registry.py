@@ -7,11 +7,10 @@ nothing more. Each arm owns its table of agent or algorithm classes (`AGENTS` in
 from __future__ import annotations
 
 import importlib
-import sys
 from dataclasses import dataclass
 
 from algorithms.common.errors import VcbmGymError
-from algorithms.common.spec import Arm
+from algorithms.common.spec import Arm, canonical_algo
 
 TABULAR, SB3, LLM = "algorithms.tabular.runner", "algorithms.sb3.runner", "algorithms.llm.runner"
 
@@ -37,20 +36,6 @@ ALGOS: dict[str, AlgoSpec] = {
     "vcbm-loop": AlgoSpec(LLM, "VCBM-blended LOOP"),
     "trl-grpo": AlgoSpec(LLM, "TRL's GRPO (sequence-level advantage)"),
 }
-# Old names kept working for a deprecation period: `vcbm+` read like the ALGO+RULE label of a method.
-DEPRECATED_ALGOS = {"vcbm+": "vcbm-plus"}
-_warned: set[str] = set()
-
-
-def canonical_algo(name: str) -> str:
-    """`name`, or the current name of a deprecated one (with one warning line on stderr per process)."""
-    new = DEPRECATED_ALGOS.get(name)
-    if new is None:
-        return name
-    if name not in _warned:
-        _warned.add(name)
-        print(f"warning: algo {name!r} is deprecated; use {new!r}", file=sys.stderr)
-    return new
 
 
 def get_algo(name: str) -> AlgoSpec:

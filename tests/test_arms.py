@@ -215,3 +215,9 @@ def test_the_llm_arm_declares_the_info_keys_its_rollout_collects():
     with pytest.raises(VcbmGymError, match="credit rule 'ircr' emits rewards"):  # LOOP's loss reads advantages only
         CreditSlot("ircr").build(arm.credit_fit("loop"))
     assert CreditSlot("ircr", {"ircr": {"baseline": "batch_mean"}}).build(arm.credit_fit("loop")).emission() == "advantages"
+
+
+def test_the_deprecated_name_vcbm_plus_still_resolves_with_one_warning(capsys):
+    spec = train.resolve_spec("vcbm+", "WatchRepair-v0", 0, {"max_episodes": 5})
+    assert spec.algo == "vcbm-plus" and spec == train.resolve_spec("vcbm-plus", "WatchRepair-v0", 0, {"max_episodes": 5})
+    assert type(spec.config.agent).__name__ == "VCBMPlusConfig" or spec.config.agent_cls.__name__ == "VCBMPlusAgent"

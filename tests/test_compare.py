@@ -64,7 +64,8 @@ def test_describe_uses_the_sample_std():
 
 def test_algo_specs_with_a_credit_rule():
     assert parse_label("rudder") == ("rudder", None)
-    assert parse_label("vcbm+") == ("vcbm+", None)  # a registered name with a "+" in it
+    assert parse_label("vcbm-plus") == ("vcbm-plus", None)
+    assert parse_label("vcbm+") == ("vcbm+", None)  # the deprecated name, with a "+" in it, is still an algo's name
     assert parse_label("ppo+vcbm_bookmark") == ("ppo", "vcbm_bookmark")
     with pytest.raises(VcbmGymError, match="unknown algo"):
         parse_label("nope")

@@ -144,14 +144,14 @@ def _one_error_line(capsys, code, *needles):
         assert needle in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("algo", ["vcbm", "vcbm+", "mc", "td", "rudder"])
+@pytest.mark.parametrize("algo", ["vcbm", "vcbm-plus", "mc", "td", "rudder"])
 def test_a_float_box_is_refused_with_one_line_before_the_log_dir_exists(tmp_path, capsys, algo):
     code = main(_argv(tmp_path, algo, {"obs": "float"}))
     _one_error_line(capsys, code, f"algo {algo!r}", "Box(0.0, 1.0, (1, 23), float32)", "integer")
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("algo", ["vcbm", "vcbm+"])
+@pytest.mark.parametrize("algo", ["vcbm", "vcbm-plus"])
 def test_vcbm_refuses_more_than_two_actions_with_one_line_before_the_log_dir_exists(tmp_path, capsys, algo):
     code = main(_argv(tmp_path, algo, {"obs": "multidiscrete", "n_actions": 5}))
     _one_error_line(capsys, code, "two actions", "Discrete(5)")

@@ -32,7 +32,7 @@ def _separate(tmp_path, algo, seed, overrides=()):
     return run(argv + (["--hyperparams", *overrides] if overrides else []))
 
 
-@pytest.mark.parametrize("algo", ["vcbm", "vcbm+"])
+@pytest.mark.parametrize("algo", ["vcbm", "vcbm-plus"])
 def test_batched_seeds_equal_separate_runs(tmp_path, algo):
     seeds = [0, 5, 19]
     batched = run_batch(seeds, algo, batch_size=2)  # two chunks

@@ -1,4 +1,4 @@
-"""vcbm+ (beyond the VCBM paper, arXiv:2610.24032): the control-variate estimate and the sequential bookmark policy."""
+"""vcbm-plus (beyond the VCBM paper, arXiv:2610.24032): the control-variate estimate and the sequential bookmark policy."""
 
 import math
 

@@ -194,7 +194,7 @@ def test_the_default_includes_the_value_test_and_the_zoo_keeps_the_paper_test_on
 
     # the default adds the context test (issue 36) on top of the value test: see tests/test_context_roles.py
     assert VCBMConfig().causal_test == DEFAULT_CAUSAL_TEST == FREQUENCY_VALUE_AND_CONTEXT
-    for algo in ("vcbm", "vcbm+"):
+    for algo in ("vcbm", "vcbm-plus"):
         assert zoo_hyperparams(algo, "WatchRepair-v0")["causal_test"] == FREQUENCY
     with pytest.raises(ConfigError, match="causal_test='value'"):
         VCBMConfig(causal_test="value")
@@ -252,7 +252,7 @@ def test_an_env_that_rewrites_its_observation_array_gets_the_same_roles(tmp_path
     assert rewritten["bookmark_values"] == fresh["bookmark_values"]
 
 
-@pytest.mark.parametrize("algo", ["vcbm", "vcbm+"])
+@pytest.mark.parametrize("algo", ["vcbm", "vcbm-plus"])
 def test_a_two_dimensional_integer_box_observation_is_flattened(tmp_path, algo):
     flat = _train(tmp_path, "flat", 1, FREQUENCY_AND_VALUE, episodes=400, algo=algo)
     boxed = _train(tmp_path, "boxed", 1, FREQUENCY_AND_VALUE, episodes=400, algo=algo, box=True)

@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -94,6 +95,22 @@ ITERATIONS = Objective(
     "task goal completion (optimal-decision rate), mean of the last --final-window iterations and the seeds",
     "task goal completion of the iteration",
 )
+
+
+# Old algo names kept working for a deprecation period: `vcbm+` read like the ALGO+RULE label of a method.
+DEPRECATED_ALGOS = {"vcbm+": "vcbm-plus"}
+_warned: set[str] = set()
+
+
+def canonical_algo(name: str) -> str:
+    """`name`, or the current name of a deprecated one (with one warning line on stderr per process)."""
+    new = DEPRECATED_ALGOS.get(name)
+    if new is None:
+        return name
+    if name not in _warned:
+        _warned.add(name)
+        print(f"warning: algo {name!r} is deprecated; use {new!r}", file=sys.stderr)
+    return new
 
 
 class Arm(ABC):

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from algorithms import train
 from algorithms.common.errors import VcbmGymError
-from algorithms.common.spec import RunOptions, RunSpec
+from algorithms.common.spec import DEPRECATED_ALGOS, RunOptions, RunSpec
 from algorithms.experiment import executor
 from algorithms.experiment.distributed import pack_dir, unpack_dir
 from algorithms.registry import ALGOS, get_algo
@@ -37,8 +37,9 @@ class Job:
 
 
 def parse_label(label: str) -> tuple[str, str | None]:
-    """`rudder` -> ("rudder", None); `ppo+vcbm_bookmark` -> ("ppo", "vcbm_bookmark"); `vcbm+` is an algo's name."""
-    if label in ALGOS:  # a registered name, even one with a "+" in it (vcbm+)
+    """`rudder` -> ("rudder", None); `ppo+vcbm_bookmark` -> ("ppo", "vcbm_bookmark"); `vcbm+`, the deprecated name
+    of vcbm-plus, is an algo's name."""
+    if label in ALGOS or label in DEPRECATED_ALGOS:  # a name, even the old one with a "+" in it
         return label, None
     algo, plus, credit = label.partition("+")
     get_algo(algo)  # one clear error for an unknown algo

@@ -219,7 +219,7 @@ def train(spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
 
 
 class TabularArm(Arm):
-    """The tabular agents (vcbm, vcbm+, rudder, mc, td); td and mc have a credit slot (`--credit RULE`)."""
+    """The tabular agents (vcbm, vcbm-plus, rudder, mc, td); td and mc have a credit slot (`--credit RULE`)."""
 
     name = "tabular"
     budget_key = "max_episodes"

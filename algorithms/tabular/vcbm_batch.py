@@ -4,7 +4,7 @@
 `python -m algorithms.train --algo vcbm --env WatchRepair-v0 --seed k` reports (episodes to
 converge, roles, bookmark values): same random streams, drawn in the same order.
 
-- Each seed keeps its own agent (`VCBMAgent`, or a subclass such as `vcbm+`) and its own env
+- Each seed keeps its own agent (`VCBMAgent`, or a subclass such as `vcbm-plus`'s) and its own env
   generator, seeded as `WatchRepairEnv.reset(seed=k)` seeds it (the per-env-seed mode of
   `WatchRepairVectorEnv`).
 - All seeds play episode e together. Per episode and seed only a few calls stay in Python: the
@@ -39,6 +39,7 @@ import numpy as np
 
 from algorithms.common.config import zoo_hyperparams
 from algorithms.common.convergence import ConvergenceTracker
+from algorithms.common.spec import canonical_algo
 from algorithms.tabular.runner import TabularRunConfig, agent_class, tabular_config
 from algorithms.tabular.vcbm import VCBMAgent
 from envs.watch_repair import COMPONENT_NAMES, GROUND_TRUTH_ROLES, WatchRepairDynamics, WatchRepairParams
@@ -151,9 +152,10 @@ def run_batch(
     """One summary per seed, in order; `hyperparams` overrides the zoo entry for WatchRepair-v0."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size}: expected an integer >= 1")
+    algo = canonical_algo(algo)
     agent_cls = agent_class(algo)
     if not issubclass(agent_cls, VCBMAgent):
-        raise ValueError(f"algo {algo!r}: the batched runner runs VCBM agents (vcbm, vcbm+)")
+        raise ValueError(f"algo {algo!r}: the batched runner runs VCBM agents (vcbm, vcbm-plus)")
     mapping = {**zoo_hyperparams(algo, "WatchRepair-v0"), **(hyperparams or {})}
     config = tabular_config(algo, mapping)  # the typed configs, as TabularArm.resolve builds them
     run_cfg, agent_cfg = config.run, config.agent
@@ -262,7 +264,7 @@ def _run_chunk(seeds, agent_cls, agent_cfg, run_cfg: TabularRunConfig, dynamics:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Many VCBM seeds on WatchRepair-v0 as one numpy batch")
-    parser.add_argument("--algo", default="vcbm", help="vcbm or vcbm+")
+    parser.add_argument("--algo", default="vcbm", help="vcbm or vcbm-plus")
     parser.add_argument("--seeds", type=int, default=1000)
     parser.add_argument("--seed-start", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=250)

@@ -1,5 +1,5 @@
 """Welford running mean and variance (Welford, Technometrics 1962, as Eq. 11 of
-"Visual Causal-chain Bookmarking" (Selvakumar, 2026, arXiv:2610.24032)), the bookmark action z-test, and (vcbm+,
+"Visual Causal-chain Bookmarking" (Selvakumar, 2026, arXiv:2610.24032)), the bookmark action z-test, and (vcbm-plus,
 beyond the paper) Welford co-moments for a control-variate mean."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def z_statistic(mean0: float, se0: float, mean1: float, se1: float) -> float:
 
 
 class RegressionWelford:
-    """Welford co-moments of (x, y): x a vector of covariates, y the return (vcbm+, beyond the paper).
+    """Welford co-moments of (x, y): x a vector of covariates, y the return (vcbm-plus, beyond the paper).
 
     mu_x += dx / n, mu_y += dy / n, C_xx += dx (x - mu_x)^T, C_xy += dx (y - mu_y), C_yy += dy (y - mu_y),
     with dx = x - mu_x and dy = y - mu_y taken before the update (Eq. 11's recursion, per coordinate pair).
