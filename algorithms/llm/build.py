@@ -147,13 +147,17 @@ def full_tensor(param) -> Any:
 
 
 def trainable_weights(trainer: Any) -> dict[str, Any]:
-    return {n: full_tensor(p).clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    """The trainable weights before training, in CPU memory. Under FSDP the Trainer leaves the model where it was
+    loaded (the CPU) until training starts, then shards it onto the accelerator, so the weights compared at the
+    end live on another device than these; on the CPU the copy also takes no accelerator memory."""
+    return {n: full_tensor(p).to("cpu", copy=True) for n, p in trainer.model.named_parameters() if p.requires_grad}
 
 
 def weight_change_l2(trainer: Any, initial: dict[str, Any]) -> float:
-    """L2 norm of the trained weights' change from `initial` (trainable_weights before training)."""
+    """L2 norm of the trained weights' change from `initial` (trainable_weights before training), one whole
+    parameter at a time on the CPU."""
     params = trainer.model.named_parameters()
-    return sum(float((full_tensor(p) - initial[n]).pow(2).sum()) for n, p in params if n in initial) ** 0.5
+    return sum(float((full_tensor(p).cpu() - initial[n]).pow(2).sum()) for n, p in params if n in initial) ** 0.5
 
 
 def save_final_weights(trainer, folder: Path) -> None:
