@@ -1,7 +1,7 @@
 """The FSDP2 paths of the LLM arm on CPU processes, launched by tests/test_fsdp2_cpu.py as
 
     accelerate launch --config_file zoo_configs/accelerate/fsdp2.yaml --mixed_precision no \\
-        tests/fsdp2_cpu_run.py REPO DUMP_DIR primitives
+        tests/fsdp2_cpu_run.py REPO DUMP_DIR primitives MODEL_DIR
     accelerate launch ... tests/fsdp2_cpu_run.py REPO DUMP_DIR train TRAIN_ARGS...
 
 `accelerate launch` reads the zoo config as it does on GPUs (ACCELERATE_USE_FSDP, FSDP_VERSION=2, the
@@ -10,11 +10,11 @@ stays MULTI_CPU on CPUs (it enables FSDP only for accelerator devices). `fsdp_on
 after accelerate's own set-up; everything after it (`prepare` calling torch's `fully_shard`, `get_state_dict`,
 the Trainer's FSDP handling) is accelerate's and transformers' code over gloo.
 
-primitives: the warm-started tiny model prepared (sharded) beside an unsharded copy: synced generation with a
-process holding no context (each direction) or fewer, one optimizer step, `build.weight_change_l2` and
-`build.save_final_weights`; then the same step and save for the random tiny model, whose output layer is tied
-to its input embeddings. Each process writes what the test compares: its samples and the copy's, its local
-shards, the norm.
+primitives: the warm-started tiny model (saved in MODEL_DIR) prepared (sharded) beside an unsharded copy:
+synced generation with a process holding no context (each direction) or fewer contexts, one optimizer step,
+`build.weight_change_l2` and `build.save_final_weights`; then the same step and save for the random tiny model,
+whose output layer is tied to its input embeddings. Each process writes what the test compares: its samples
+and the copy's, its local shards, the norm.
 train: `algorithms.train` with process 1's episodes ending after their first turn, recording every
 generation call, the local shards of the trained weights before training and at the final save.
 """
@@ -31,6 +31,8 @@ DUMP = Path(sys.argv[2])
 
 
 def fsdp_on_cpu() -> None:
+    """After accelerate has set up a CPU process group (MULTI_CPU, gloo) with the config's FSDP plugin, call it FSDP.
+    The state is shared by every AcceleratorState and PartialState of the process, so the Trainer's sees it too."""
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
 
@@ -67,7 +69,7 @@ def first_prompts(tokenizer, seeds) -> list[list[int]]:
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
-def primitives(rank: int) -> None:
+def primitives(rank: int, folder: str) -> None:
     import copy
     from types import SimpleNamespace
 
@@ -76,10 +78,9 @@ def primitives(rank: int) -> None:
     from algorithms.llm import build
     from algorithms.llm.rollout import hf_generate
     from algorithms.llm.tiny import build_tiny
-    from algorithms.llm.warm_start import warm_started_tiny
 
     accelerator = Accelerator(cpu=True)
-    model, tokenizer = warm_started_tiny()  # answers end at EOS after a few tokens: the processes finish apart
+    model, tokenizer = build.model_and_tokenizer(folder, 0, False)  # answers end at EOS after a few tokens
     unsharded = copy.deepcopy(model)
     model = accelerator.prepare(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)  # on the sharded parameters, as the Trainer builds it
@@ -179,6 +180,6 @@ if __name__ == "__main__":
     fsdp_on_cpu()
     process = int(os.environ["RANK"])
     if sys.argv[3] == "primitives":
-        primitives(process)
+        primitives(process, sys.argv[4])
     else:
         sys.exit(train(process, sys.argv[4:]))

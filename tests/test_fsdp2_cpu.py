@@ -54,13 +54,21 @@ def _change_l2(after: dict[str, torch.Tensor], before: dict[str, torch.Tensor]) 
     return math.sqrt(sum(float((after[n].detach() - before[n]).pow(2).sum()) for n in before))
 
 
+def _base_model(folder: Path) -> Path:
+    """The warm-started tiny model saved as a local model path (built here, not by two launched processes at
+    once): its answers end at EOS after a few tokens, so processes finish their answers at different steps."""
+    from algorithms.llm.warm_start import warm_started_tiny
+
+    model, tokenizer = warm_started_tiny()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def test_fsdp2_synced_rollout_sharded_save_and_weight_change(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from algorithms.llm.warm_start import cached_warm_start
-
-    cached_warm_start()  # built here, not by two launched processes at once
-    _launch(tmp_path, "primitives")
+    _launch(tmp_path, "primitives", str(_base_model(tmp_path / "base")))
     records = [json.loads((tmp_path / f"primitives_rank{r}.json").read_text()) for r in (0, 1)]
     for record in records:
         assert record["distributed_type"] == "FSDP" and record["model_class"] == "FSDPQwen2ForCausalLM"
@@ -128,12 +136,7 @@ def test_a_loop_run_under_fsdp2_rolls_out_in_lockstep_saves_its_adapter_and_resu
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from algorithms.llm.warm_start import warm_started_tiny
-
-    model, tokenizer = warm_started_tiny()
-    base = tmp_path / "base"  # a local model path: LoRA, loaded by from_pretrained under the config's FSDP settings
-    model.save_pretrained(base)
-    tokenizer.save_pretrained(base)
+    base = _base_model(tmp_path / "base")  # a local model path: LoRA, loaded under the config's FSDP settings
     log_dir = tmp_path / "run"
     done = _launch(tmp_path / "dump", "train", *TRAIN, "--model", str(base), "--log-dir", str(log_dir))
     assert "world size 2 (FSDP, backend gloo)" in done.stderr
