@@ -4,7 +4,8 @@ Importing this package registers the project's environments (Gymnasium 1.x loads
 plugins), so `gym.make("WatchRepair-v0")` works after `import vcbm_gym`, and
 `gym.make("vcbm_gym:WatchRepair-v0")` works without a prior import. It also registers delayed-reward
 versions of Gymnasium's classic-control tasks (`DelayedCartPole-v1`, ...): the task itself, with
-every episode's summed reward paid at its last step (`DelayedReward`, envs/delayed_reward.py).
+every episode's summed reward paid at its last step (`DelayedReward`, envs/delayed_reward.py), and the
+episodic-reward MuJoCo tasks of the reward-redistribution papers (`EpisodicHopper-v5`, ...; extra `mujoco`).
 And bsuite's experiments (the `bsuite` extra; envs/bsuite.py): `gym.make("BSuite-v0",
 bsuite_id="umbrella_length/9")`, and one id per bsuite_id, `gym.make("umbrella_length/9")` or, as
 the CLIs take it, `gym.make("bsuite:umbrella_length/9")` (Gymnasium imports the `bsuite` package,
@@ -20,7 +21,7 @@ from envs.delayed_reward import DelayedReward
 from vcbm_gym.contract import check_contract
 
 __version__ = "0.1.0"
-__all__ = ["BSUITE_ENV_IDS", "DELAYED_ENV_IDS", "ENV_IDS", "DelayedReward", "check_contract"]
+__all__ = ["BSUITE_ENV_IDS", "DELAYED_ENV_IDS", "ENV_IDS", "EPISODIC_MUJOCO_ENV_IDS", "DelayedReward", "check_contract"]
 
 _ENVS = {
     "WatchRepair-v0": dict(
@@ -63,6 +64,23 @@ for _env_id, _kwargs in (("BSuite-v0", {}), *((_bsuite_id, {"bsuite_id": _bsuite
     if _env_id not in registry:
         register(id=_env_id, entry_point="envs.bsuite:BSuiteEnv", kwargs=_kwargs)
 
+# Episodic-reward MuJoCo (the protocol of IRCR and RRD: Gangwani et al. 2020, Ren et al. 2022): Gymnasium's MuJoCo v5
+# task, 0 on every step and the episode's summed reward on its last; the 1,000-step cap stays a truncation, so
+# learners store it as non-terminal. The episode's return is the dense task's. Needs the `mujoco` extra to make.
+_EPISODIC_MUJOCO = ("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Ant-v5", "Swimmer-v5", "Humanoid-v5")
+for _base_id in _EPISODIC_MUJOCO:
+    _spec = registry[_base_id]
+    if f"Episodic{_base_id}" not in registry:
+        register(
+            id=f"Episodic{_base_id}",
+            entry_point=_spec.entry_point,
+            reward_threshold=_spec.reward_threshold,
+            max_episode_steps=_spec.max_episode_steps,
+            kwargs=dict(_spec.kwargs),
+            additional_wrappers=(DelayedReward.wrapper_spec(),),
+        )
+
 ENV_IDS = tuple(_ENVS)
+EPISODIC_MUJOCO_ENV_IDS = tuple(f"Episodic{base_id}" for base_id in _EPISODIC_MUJOCO)
 DELAYED_ENV_IDS = tuple(f"Delayed{base_id}" for base_id in _DELAYED)
 BSUITE_ENV_IDS = ("BSuite-v0", *BSUITE_IDS)

@@ -148,7 +148,7 @@ class RelabelingReplayBuffer(ReplayBuffer):
         if not n_elite:
             return fifo
         elite = self._elite_samples(n_elite)
-        return ReplayBufferSamples(*(th.cat([a, b]) for a, b in zip(fifo, elite)))
+        return ReplayBufferSamples(*(a if a is None else th.cat([a, b]) for a, b in zip(fifo, elite)))
 
     def _elite_samples(self, n: int) -> ReplayBufferSamples:
         """n transitions drawn uniformly from the elite episodes' transitions, relabelled like the FIFO's."""
@@ -166,9 +166,9 @@ class RelabelingReplayBuffer(ReplayBuffer):
         rewards = self.relabel(obs, actions, next_obs, returns, gather("rewards"))
         sb3_actions = actions.reshape(n, self.action_dim).astype(self.actions.dtype)
         return ReplayBufferSamples(
-            self.to_torch(self._normalize_obs(obs.astype(self.observations.dtype))),
-            self.to_torch(sb3_actions),
-            self.to_torch(self._normalize_obs(next_obs.astype(self.observations.dtype))),
-            self.to_torch(gather("dones").reshape(-1, 1)),
-            self.to_torch(self._normalize_reward(rewards.reshape(-1, 1).astype(np.float32))),
+            observations=self.to_torch(self._normalize_obs(obs.astype(self.observations.dtype))),
+            actions=self.to_torch(sb3_actions),
+            next_observations=self.to_torch(self._normalize_obs(next_obs.astype(self.observations.dtype))),
+            dones=self.to_torch(gather("dones").reshape(-1, 1)),
+            rewards=self.to_torch(self._normalize_reward(rewards.reshape(-1, 1).astype(np.float32))),
         )

@@ -79,9 +79,15 @@ def algo_class(algo: str) -> type:
 
 @dataclass
 class SB3RunConfig(EpisodeRunConfig):
-    RANGES = {"n_envs": AT_LEAST_ONE, "episode_steps": Range(1, optional=True), "torch_threads": AT_LEAST_ONE}
+    RANGES = {
+        "n_envs": AT_LEAST_ONE,
+        "episode_steps": Range(1, optional=True),
+        "torch_threads": AT_LEAST_ONE,
+        "max_steps": Range(1, optional=True),
+    }
 
     max_episodes: int = 30_000
+    max_steps: int | None = None  # an env-step budget as well (MuJoCo protocols count steps); the first reached ends the run
     credit: str = NO_CREDIT  # set by --credit; a rule name in vcbm_gym.credit.registry.RULES
     n_envs: int = 1
     policy: str = "MlpPolicy"
@@ -403,7 +409,7 @@ def train(spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         built.model.learn(
-            total_timesteps=run_cfg.max_episodes * config.episode_steps,
+            total_timesteps=min(run_cfg.max_episodes * config.episode_steps, run_cfg.max_steps or 2**62),
             callback=CallbackList([*built.callbacks, convergence]),
             tb_log_name=f"{spec.algo}_{credit}",
             progress_bar=options.progress,
