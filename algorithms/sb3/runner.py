@@ -39,7 +39,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
-from stable_baselines3.common.callbacks import CallbackList
+from stable_baselines3.common.callbacks import CallbackList, EvalCallback
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.preprocessing import get_action_dim
@@ -84,10 +84,16 @@ class SB3RunConfig(EpisodeRunConfig):
         "episode_steps": Range(1, optional=True),
         "torch_threads": AT_LEAST_ONE,
         "max_steps": Range(1, optional=True),
+        "eval_every_steps": Range(1, optional=True),
+        "eval_episodes": AT_LEAST_ONE,
     }
 
     max_episodes: int = 30_000
     max_steps: int | None = None  # an env-step budget as well (MuJoCo protocols count steps); the first reached ends the run
+    # SB3's EvalCallback every this many steps: the deterministic policy's return on a fresh env (evaluations.npz); on
+    # an episodic-reward env the episode's sum is the dense task's return, the true return the papers report
+    eval_every_steps: int | None = None
+    eval_episodes: int = 10
     credit: str = NO_CREDIT  # set by --credit; a rule name in vcbm_gym.credit.registry.RULES
     n_envs: int = 1
     policy: str = "MlpPolicy"
@@ -399,6 +405,18 @@ def _refusal(algo: str, algo_cls: type, run_cfg: SB3RunConfig, kwargs: dict[str,
     return f"algo {algo!r} refused hyperparameters {named} ({reason}); expected values {algo_cls.__name__} accepts"
 
 
+def evaluation_callback(spec: RunSpec, log_dir: str) -> EvalCallback | None:
+    """SB3's EvalCallback on a fresh env of the run's, seeded apart from the training env, or None."""
+    run_cfg = spec.config.run
+    if run_cfg.eval_every_steps is None:
+        return None
+    eval_env = DummyVecEnv([lambda: Monitor(make_env(spec.env, run_cfg.env_kwargs))])
+    eval_env.seed(spec.seed + 10_000)
+    return EvalCallback(
+        eval_env, n_eval_episodes=run_cfg.eval_episodes, eval_freq=run_cfg.eval_every_steps, log_path=log_dir, verbose=0
+    )
+
+
 def train(spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
     """Learn until the criterion (when the run stops at it) or the episode cap; the summary's entries."""
     config: SB3Config = spec.config
@@ -406,22 +424,28 @@ def train(spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
     built = build(spec, tensorboard_log=log_dir)
     outcomes = EpisodeOutcomes(ConvergenceTracker(run_cfg.convergence_window, run_cfg.convergence_threshold), repr(spec.env))
     convergence = ConvergenceCallback(outcomes, run_cfg.max_episodes, run_cfg.stop_at_convergence, report=options.report)
+    evaluation = evaluation_callback(spec, log_dir)
     start = time.perf_counter()
     try:
         built.model.learn(
             total_timesteps=min(run_cfg.max_episodes * config.episode_steps, run_cfg.max_steps or 2**62),
-            callback=CallbackList([*built.callbacks, convergence]),
+            callback=CallbackList([*built.callbacks, convergence, *([evaluation] if evaluation else [])]),
             tb_log_name=f"{spec.algo}_{credit}",
             progress_bar=options.progress,
         )
     finally:
         built.env.close()
+        if evaluation is not None:
+            evaluation.eval_env.close()
     names = getattr(built.env.envs[0].unwrapped, "component_names", None)
     return {
         **convergence.summary(),
         "credit": credit,
         **rule_summary(built.rule, names),
         "timesteps": int(built.model.num_timesteps),
+        **(
+            {"eval_last_mean_return": float(evaluation.last_mean_reward)} if evaluation and evaluation.evaluations_results else {}
+        ),
         "train_time_s": time.perf_counter() - start,
     }
 
