@@ -45,11 +45,11 @@ WINDOW = 750  # the convergence criterion's window
 CHANCE_BAND = 4 * math.sqrt(0.25 / WINDOW)
 
 
-def _train(tmp_path, name, seed, causal_test=None, env=ENV_ID, episodes=3000, algo="vcbm", extra=()):
-    hyperparams = [f"causal_test={causal_test}"] if causal_test else []
+def _train(tmp_path, name, seed, causal_test=None, env=ENV_ID, episodes=3000, algo="vcbm"):
+    """One run through the CLI's own entry; causal_test None is the agent's default."""
     argv = ["--algo", algo, "--env", env, "--seed", str(seed), "--log-dir", str(tmp_path / name), "--no-progress"]
     argv += ["--max-episodes", str(episodes)]
-    return run(argv + (["--hyperparams", *hyperparams, *extra] if hyperparams or extra else []))
+    return run(argv + (["--hyperparams", f"causal_test={causal_test}"] if causal_test else []))
 
 
 # --- the exact test, by hand and against scipy ----------------------------------------------------------
