@@ -124,7 +124,7 @@ def test_the_earlier_credit_keys_are_refused_with_the_new_ones_named():
         "credit_kwargs: {vcbm_blend: {beta: 0.5, top_k: 3}}",
     )
     _one_line_config_error(["--algo", "loop", "--credit", "vcbm_bookmark"], "'vcbm_bookmark'", "observations")
-    _one_line_config_error(["--algo", "loop", "--credit", "nope"], "credit='nope'", "gigpo")
+    _one_line_config_error(["--algo", "loop", "--credit", "nope"], "unknown credit rule 'nope'", "gigpo")
     _one_line_config_error(["--algo", "trl-grpo", "--credit", "grpo"], "trl-grpo keeps TRL's own group advantage")
     _one_line_config_error(
         ["--algo", "loop", "--credit", "grpo", "--hyperparams", "credit_kwargs={grpo: {eps: -1}}"], "credit rule 'grpo'", "eps=-1"
@@ -133,7 +133,7 @@ def test_the_earlier_credit_keys_are_refused_with_the_new_ones_named():
 
 def test_casi_is_refused_at_start_up_naming_what_it_needs():
     _one_line_config_error(
-        ["--algo", "loop", "--credit", "casi"], "credit rule 'casi' needs extras['coalition_values']", "LLM arm does not provide"
+        ["--algo", "loop", "--credit", "casi"], "credit rule 'casi' needs extras['coalition_values']", "llm arm does not provide"
     )
 
 

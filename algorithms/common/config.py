@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import math
 import re
 import typing
@@ -74,7 +75,8 @@ def zoo_hyperparams(algo: str, env_id: str, config_dir: Path = ZOO_CONFIG_DIR) -
     same way; zoo_configs/llm-base.yml holds the LLM arm's). An env id the file lists then starts from the
     base's entry for that id, and each key the file sets replaces the base's whole (a mapping such as
     env_kwargs is replaced, not merged); an env id the file does not list has no entry. A base may have a
-    base of its own."""
+    base of its own. A key with `*` is a pattern (fnmatch) for the ids it matches, e.g. `bsuite:umbrella_length/*`
+    for every setting of an experiment; an id's own key comes first, then the first pattern that matches."""
     return _zoo_entry(config_dir / f"{algo}.yml", env_id, ())
 
 
@@ -89,11 +91,12 @@ def _zoo_entry(path: Path, env_id: str, named_by: tuple[Path, ...]) -> dict[str,
     data = read_yaml(path) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"malformed config file {str(path)!r}: expected a mapping of env id -> hyperparameters")
-    entry = data.get(env_id) or {}
+    key = env_id if env_id in data else next((k for k in data if "*" in str(k) and fnmatch.fnmatchcase(env_id, str(k))), None)
+    entry = data.get(key) or {}
     if not isinstance(entry, dict):
         raise ConfigError(f"malformed config file {str(path)!r}: entry {env_id!r} must be a mapping")
     base = data.get("base")
-    if base is None or env_id not in data:
+    if base is None or key is None:
         return dict(entry)
     if not isinstance(base, str) or Path(base).name != base or not base:
         raise ConfigError(f"malformed config file {str(path)!r}: base={base!r}; expected the name of a zoo file beside it")

@@ -1,0 +1,205 @@
+"""Episodic-reward MuJoCo: SAC on the episodic reward, SAC + IRCR, SAC + RRD, and SAC on the dense reward.
+
+The protocol of IRCR (Gangwani et al. 2020, "Learning Guidance Rewards with Trajectory-space Smoothing") and RRD
+(Ren et al. 2022, "Learning Long-Term Reward Redistribution via Randomized Return Decomposition"), as their
+reference code runs it: the whole return paid at an episode's last step (`EpisodicHopper-v5`, ...; the 1,000-step
+cap a truncation), SAC with the reference settings (zoo_configs/sac.yml), and the true (dense) return of the
+deterministic policy every `--eval-every` steps. Methods:
+
+- `sac`: SAC on the episodic reward (what both papers improve on);
+- `sac+ircr`: IRCR's guidance reward, relabelled in the replay buffer (batch 512, polyak 0.999, its reference's);
+- `sac+rrd`: RRD's reward model on [s, a, s - s'], relabelled in the replay buffer;
+- `sac-dense`: SAC on the dense reward of the same task (the upper reference).
+
+Runs go through algorithms.experiment's jobs: a finished run of the same config (its hash) is reused, so a stopped
+benchmark resumes where it stopped (`--out`), and `--backend ray [--address ...]` runs the same jobs on a Ray
+cluster, unchanged. `--estimate` prints the wall time the settings imply from a steps/s measured here first
+(`--measure`), and runs nothing.
+
+Outputs in --out: results.json (per env and method: final true return per seed, mean / IQM / median with
+bootstrap 95% CIs, P(improvement) of each rule over `sac` with its CI), table.md, curves_<env>.png (mean true return
+and its CI across seeds), run.json (command, commit, versions, wall time, budget).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from algorithms.common import cli, provenance
+from algorithms.experiment import stats
+from algorithms.experiment.jobs import count_finished, seed_jobs, train_jobs
+from algorithms.experiment.results import locked, runs_record, save_figure, write_results
+from algorithms.train import resolve_spec
+
+ENVS = ("EpisodicHopper-v5", "EpisodicHalfCheetah-v5")
+METHODS: dict[str, tuple[str, dict[str, Any]]] = {  # label -> (credit rule, SAC settings that differ for it)
+    "sac": ("none", {}),
+    "sac+ircr": ("ircr", {"batch_size": 512, "tau": 0.001}),
+    "sac+rrd": ("rrd", {}),
+    "sac-dense": ("none", {}),
+}
+RULES_OVER_BASE = ("sac+ircr", "sac+rrd")
+# The budget fixed before any result was seen (see BUDGET in --help): steps per run and the evaluation cadence.
+DEFAULT_STEPS = 60_000
+DEFAULT_EVAL_EVERY = 5_000
+DEFAULT_LEARNING_STARTS = 5_000
+
+
+def method_env(method: str, env: str) -> str:
+    """`sac-dense` trains on the dense task under the episodic one (EpisodicHopper-v5 -> Hopper-v5)."""
+    return env.removeprefix("Episodic") if method == "sac-dense" else env
+
+
+def method_spec(method: str, env: str, steps: int, eval_every: int, learning_starts: int):
+    credit, settings = METHODS[method]
+    overrides = {
+        "credit": credit,
+        "max_steps": steps,
+        "eval_every_steps": eval_every,
+        "learning_starts": learning_starts,
+        **settings,
+    }
+    return resolve_spec("sac", method_env(method, env), 0, overrides)
+
+
+def evaluations(log_dir: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, mean true return per evaluation) from SB3's evaluations.npz."""
+    with np.load(log_dir / "evaluations.npz") as data:
+        return data["timesteps"], data["results"].mean(axis=1)
+
+
+def env_results(env: str, methods: list[str], jobs_of: dict[str, list]) -> tuple[dict[str, Any], np.ndarray, dict]:
+    curves = {m: np.stack([evaluations(job.log_dir)[1] for job in jobs_of[m]]) for m in methods}
+    steps = evaluations(jobs_of[methods[0]][0].log_dir)[0]
+    final = {m: curves[m][:, -1] for m in methods}  # the last evaluation's true return, per seed
+    out: dict[str, Any] = {"eval_steps": steps.tolist(), "methods": {}}
+    for m in methods:
+        out["methods"][m] = {
+            "env": method_env(m, env),
+            "final_true_return": final[m].tolist(),
+            "aggregates": stats.aggregate_estimates(final[m]),
+            "curve_mean": curves[m].mean(axis=0).tolist(),
+        }
+        if m in RULES_OVER_BASE and "sac" in final:
+            out["methods"][m]["p_improvement_over_sac"] = stats.improvement_estimate(final[m], final["sac"], False)
+    return out, steps, curves
+
+
+def plot(env: str, steps: np.ndarray, curves: dict[str, np.ndarray], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, runs in curves.items():
+        mean, low, high = stats.mean_ci_curves(runs)
+        ax.plot(steps, mean, label=f"{method} ({len(runs)} seeds)")
+        ax.fill_between(steps, low, high, alpha=0.2)
+    ax.set(xlabel="env steps", ylabel="true return (deterministic policy)", title=env)
+    ax.legend()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def table(results: dict[str, Any]) -> str:
+    lines = [
+        "| env | method | final true return, mean [95% CI] | IQM | P(improvement) over sac [95% CI] |",
+        "|---|---|---|---|---|",
+    ]
+    for env, res in results["envs"].items():
+        for method, r in res["methods"].items():
+            mean, iqm = r["aggregates"]["mean"], r["aggregates"]["iqm"]
+            p = r.get("p_improvement_over_sac")
+            p_text = f"{p['estimate']:.2f} [{p['ci_low']:.2f}, {p['ci_high']:.2f}]" if p and p["ci_low"] is not None else "-"
+            ci = f"[{mean['ci_low']:.1f}, {mean['ci_high']:.1f}]" if mean["ci_low"] is not None else ""
+            lines.append(f"| {env} | {method} | {mean['estimate']:.1f} {ci} | {iqm['estimate']:.1f} | {p_text} |")
+    return "\n".join(lines) + "\n"
+
+
+def measure(env: str, steps: int) -> dict[str, float]:
+    """Steps/s of one SAC run past its warm-up (one process, one torch thread), per method, measured side by side."""
+    import tempfile
+
+    from algorithms.common.spec import RunOptions
+    from algorithms.train import execute
+
+    rates = {}
+    for method in METHODS:
+        spec = method_spec(method, env, steps + 1_000, steps + 1_000, 1_000)
+        with tempfile.TemporaryDirectory() as tmp:
+            start = time.perf_counter()
+            execute(spec, Path(tmp) / "run", RunOptions(progress=False))
+            rates[method] = (steps + 1_000) / (time.perf_counter() - start)
+    return rates
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = cli.ArgumentParser(prog="python benchmarks/episodic_mujoco.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", nargs="+", default=list(ENVS))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="env steps per run")
+    parser.add_argument("--eval-every", type=int, default=DEFAULT_EVAL_EVERY)
+    parser.add_argument("--learning-starts", type=int, default=DEFAULT_LEARNING_STARTS)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--backend", choices=("process", "ray"), default="process")
+    parser.add_argument("--address", default=None, help="a Ray cluster's address (with --backend ray)")
+    parser.add_argument("--out", default="runs/episodic_mujoco")
+    parser.add_argument("--measure", type=int, default=None, metavar="STEPS", help="print each method's steps/s and exit")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    for name in ("seeds", "steps", "eval_every", "workers"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
+    if args.steps % args.eval_every or args.learning_starts >= args.steps:
+        parser.error(f"--steps {args.steps}: expected a multiple of --eval-every ({args.eval_every}) above --learning-starts")
+    return args
+
+
+def run(argv: list[str]) -> None:
+    args = parse_args(argv)
+    if args.measure:
+        for env in args.envs:
+            print(env, {m: round(r, 1) for m, r in measure(env, args.measure).items()})
+        return
+    out = cli.check_output_dir(args.out, "--out")
+    jobs_of: dict[str, dict[str, list]] = {}
+    for env in args.envs:  # every method resolved before anything runs: a bad setting is one line
+        jobs_of[env] = {}
+        for method in args.methods:
+            spec = method_spec(method, env, args.steps, args.eval_every, args.learning_starts)
+            where = out / "runs" / env / method
+            jobs_of[env][method] = seed_jobs(method, spec, range(args.seeds), lambda s, w=where: w / f"seed{s}")
+    jobs = [job for per_env in jobs_of.values() for per_method in per_env.values() for job in per_method]
+    started = provenance.start()
+    out.mkdir(parents=True, exist_ok=True)
+    with locked(out, "episodic_mujoco"):
+        reused = count_finished(jobs)
+        summaries = train_jobs(jobs, args.workers, progress=not args.no_progress, backend=args.backend, address=args.address)
+        results: dict[str, Any] = {"protocol": vars(args) | {"out": str(out)}, "bootstrap": stats.bootstrap_description()}
+        results["envs"] = {}
+        for env in args.envs:
+            res, steps, curves = env_results(env, args.methods, jobs_of[env])
+            results["envs"][env] = res
+            plot(env, steps, curves, out / f"curves_{env}.png")
+        write_results(out, results, table(results))
+        provenance.write_run_record(
+            out, "benchmarks/episodic_mujoco.py", argv, started, workers=args.workers, backend=args.backend,
+            **runs_record(len(jobs), reused, summaries),
+        )  # fmt: skip
+    print(table(results))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.main(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
