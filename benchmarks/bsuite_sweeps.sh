@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Issue 22 acceptance: bsuite's credit-assignment experiments, scored by bsuite's own analysis (algorithms.suite).
+# bsuite's credit-assignment experiments, scored by bsuite's own analysis (algorithms.suite).
 #   benchmarks/bsuite_sweeps.sh [OUT_DIR] [WORKERS]
 # 1. Tabular VCBM on umbrella_length under bsuite's full protocol (23 chain lengths x 10,000 episodes).
-# 2. The short protocol (algorithms/suite.py SHORT_PROTOCOL: umbrella chains 1, 3, 6, 10 at 1,000 episodes;
-#    discounting_chain settings 0 and 1 at 200 episodes), 3 seeds: PPO, PPO + rudder / ircr / rrd /
-#    vcbm_bookmark, and DQN. Every algo sees bsuite's integer observation view (vcbm_bookmark's causal test
-#    needs integer components); vcbm_bookmark is left out of discounting_chain, whose five actions its
-#    two-action test cannot compare.
+# 2. The short protocol (algorithms/suite.py SHORT_PROTOCOL: umbrella_length chains 1, 3, 6, 10 and umbrella_distract
+#    1 to 17 distractor bits at 1,000 episodes; discounting_chain settings 0 and 1 at 200 episodes), 3 seeds: ppo and
+#    dqn, each alone and with every reward rule (rudder, ircr, rrd, vcbm_bookmark: the rule's rewards in PPO's GAE and
+#    in DQN's relabelled replay buffer), and vcbm. The SB3 baselines take their bsuite zoo entries
+#    (zoo_configs/ppo.yml, dqn.yml: chosen by benchmarks/bsuite_baselines_pilot.py outside these settings and seeds).
+#    Every algo sees bsuite's integer observation view (vcbm_bookmark's causal test needs integer components);
+#    vcbm_bookmark and vcbm are left out of discounting_chain, whose five actions their two-action test cannot compare.
 # Finished runs in OUT_DIR are reused. The outputs (not the runs) are copied to benchmarks/results/ for
 # benchmarks/make_results.py.
 set -euo pipefail
@@ -19,12 +21,21 @@ publish() {  # results dir -> benchmarks/results/<name>
     cp "$1"/{results.json,run.json,table.md} "benchmarks/results/$2/"
     find "$1" -maxdepth 1 -name '*.png' -exec cp {} "benchmarks/results/$2/" \;
 }
+rules=(rudder ircr rrd vcbm_bookmark)
+with_rules() {  # ALGO [RULE...] -> ALGO ALGO+RULE ...
+    local algo="$1"; shift
+    echo "$algo"; for rule in "$@"; do echo "$algo+$rule"; done
+}
 nice -n 10 python -m algorithms.suite --experiment umbrella_length --algos vcbm --workers "$workers" --out "$out/vcbm_umbrella_length"
 publish "$out/vcbm_umbrella_length" bsuite_vcbm_umbrella_length
-nice -n 10 python -m algorithms.suite --short --experiment umbrella_length --seeds 3 --workers "$workers" \
-    --algos ppo ppo+rudder ppo+ircr ppo+rrd ppo+vcbm_bookmark dqn --out "$out/short_umbrella_length" "${view[@]}"
-publish "$out/short_umbrella_length" bsuite_short_umbrella_length
+for experiment in umbrella_length umbrella_distract; do
+    # shellcheck disable=SC2046
+    nice -n 10 python -m algorithms.suite --short --experiment "$experiment" --seeds 3 --workers "$workers" \
+        --algos $(with_rules ppo "${rules[@]}") $(with_rules dqn "${rules[@]}") vcbm --out "$out/short_$experiment" "${view[@]}"
+    publish "$out/short_$experiment" "bsuite_short_$experiment"
+done
+# shellcheck disable=SC2046
 nice -n 10 python -m algorithms.suite --short --experiment discounting_chain --seeds 3 --workers "$workers" \
-    --algos ppo ppo+rudder ppo+ircr ppo+rrd dqn --out "$out/short_discounting_chain" "${view[@]}"
+    --algos $(with_rules ppo rudder ircr rrd) $(with_rules dqn rudder ircr rrd) --out "$out/short_discounting_chain" "${view[@]}"
 publish "$out/short_discounting_chain" bsuite_short_discounting_chain
 python benchmarks/make_results.py

@@ -169,6 +169,17 @@ def suite_section(title: str, directory: Path, how: str) -> str:
     return f"## {title}\n\n{provenance(record, extra=extra)}\n{table_markdown(results)}\n{plots}\n"
 
 
+def episodic_mujoco_section(directory: Path) -> str:
+    """benchmarks/episodic_mujoco.py: SAC on episodic MuJoCo with and without IRCR / RRD, its own table and curves."""
+    title = "Episodic-reward MuJoCo: SAC, SAC + IRCR, SAC + RRD and dense SAC"
+    results, record = _read(directory / "results.json"), _read(directory / "run.json")
+    if results is None:
+        return f"## {title}\n\nNot produced yet: run `python benchmarks/episodic_mujoco.py`.\n"
+    table = (directory / "table.md").read_text()
+    plots = " ".join(f"![{path.name}](results/{directory.name}/{path.name})" for path in sorted(directory.glob("*.png")))
+    return f"## {title}\n\n{provenance(record)}\n{table}\n{plots}\n"
+
+
 def leakage_section(paths: list[Path]) -> str:
     title = "Credit leakage: the share of |advantage| each rule puts after the decision"
     found = [(path, _read(path)) for path in paths]
@@ -250,15 +261,21 @@ def render(results_dir: Path) -> str:
             "bash benchmarks/bsuite_sweeps.sh",
         ),
         suite_section(
-            "bsuite short sweep: PPO, PPO + credit rules and DQN on umbrella_length",
+            "bsuite short sweep: PPO and DQN, each alone and with every reward rule, and VCBM, on umbrella_length",
             results_dir / "bsuite_short_umbrella_length",
             "bash benchmarks/bsuite_sweeps.sh",
         ),
         suite_section(
-            "bsuite short sweep: PPO, PPO + credit rules and DQN on discounting_chain",
+            "bsuite short sweep: PPO and DQN, each alone and with every reward rule, and VCBM, on umbrella_distract",
+            results_dir / "bsuite_short_umbrella_distract",
+            "bash benchmarks/bsuite_sweeps.sh",
+        ),
+        suite_section(
+            "bsuite short sweep: PPO and DQN, each alone and with the reward rules, on discounting_chain",
             results_dir / "bsuite_short_discounting_chain",
             "bash benchmarks/bsuite_sweeps.sh",
         ),
+        episodic_mujoco_section(results_dir / "episodic_mujoco"),
         leakage_section(
             [
                 results_dir / "credit_leakage.json",
