@@ -55,8 +55,19 @@ def kind_misfit(name: str, emitted: str, consumed: frozenset[str], learner: str)
 
 
 def credit_of(rule: CreditRule, batch: EpisodeBatch) -> np.ndarray:
-    """(B, T) the rule's credit for `batch`, of the kind it emits (`rewards` or `advantages`); learns nothing."""
-    return rule.rewards(batch) if rule.emission() == REWARDS else rule.advantages(batch)
+    """(B, T) the rule's credit for `batch`, of the kind it emits (`rewards` or `advantages`); learns nothing. A
+    non-finite value on a trained step is one line naming the rule: a learner would turn it into NaN values far
+    from here (a Q-table's argmax over NaNs, a NaN loss)."""
+    credit = rule.rewards(batch) if rule.emission() == REWARDS else rule.advantages(batch)
+    bad = batch.mask & ~np.isfinite(credit)
+    if bad.any():
+        episode, step = (int(i) for i in np.argwhere(bad)[0])
+        raise VcbmGymError(
+            f"credit rule {rule.name!r} gave {credit[episode, step]} at step {step} of episode {episode} of its batch "
+            f"(episode returns {batch.returns.min():g} to {batch.returns.max():g}): expected finite {rule.emission()}; "
+            "rewards this large overflow the rule's arithmetic (scale the env's rewards)"
+        )
+    return credit
 
 
 def assign_credit(rule: CreditRule, batch: EpisodeBatch) -> np.ndarray:

@@ -61,6 +61,7 @@ from algorithms.common.validation import (
 )
 from algorithms.sb3.buffers import RelabelingReplayBuffer
 from algorithms.sb3.callbacks import DEFAULT_GROUP_BY, GROUP_BY, ConvergenceCallback, CreditCallback
+from algorithms.sb3.env_checks import Float32Rewards
 from vcbm_gym.credit.base import ADVANTAGES, NO_CREDIT, REWARDS, CreditRule
 
 # The arm's algorithms, algo -> "module:Class" (SB3's own classes).
@@ -369,7 +370,7 @@ def build(spec: RunSpec, tensorboard_log: str | None) -> Built:
         env = make_env(spec.env, run_cfg.env_kwargs)
         if tensorboard_log is not None:  # the run itself, not validate's dry build
             log_env_to_run_dir(env, tensorboard_log, run_cfg.env_kwargs, None if run_cfg.n_envs == 1 else index)
-        return Monitor(env)
+        return Monitor(Float32Rewards(env))
 
     env = DummyVecEnv([functools.partial(played_env, index) for index in range(run_cfg.n_envs)])
     try:

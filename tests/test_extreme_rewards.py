@@ -1,0 +1,58 @@
+"""Rewards that are finite but beyond what a learner stores or a rule's arithmetic holds: one line, naming the cause."""
+
+from __future__ import annotations
+
+import warnings
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from algorithms.common.errors import VcbmGymError
+from algorithms.train import run as train
+
+
+class DecideHuge(gym.Env):
+    """A 5-step episode whose first action decides a return of +-1e308 (finite), paid at the last step."""
+
+    observation_space = gym.spaces.MultiDiscrete([2, 6])
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.decided = 0, 0
+        return np.array([0, 0]), {}
+
+    def step(self, action):
+        if self.t == 0:
+            self.decided = int(action)
+        self.t += 1
+        done = self.t >= 5
+        reward = (1e308 if self.decided else -1e308) if done else 0.0
+        return np.array([self.decided, self.t]), reward, done, False, {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    gym.register("DecideHuge-v0", entry_point=DecideHuge, max_episode_steps=5)
+    yield
+    gym.registry.pop("DecideHuge-v0")
+
+
+def test_sb3_names_float32_not_the_env_for_a_finite_reward_it_cannot_store(tmp_path):
+    argv = ["--algo", "ppo", "--env", "DecideHuge-v0", "--max-episodes", "20", "--no-progress", "--log-dir", str(tmp_path)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # nothing overflows before the refusal
+        with pytest.raises(VcbmGymError) as excinfo:
+            train([*argv, "--hyperparams", "n_steps=20", "batch_size=20"])
+    message = str(excinfo.value)
+    assert "\n" not in message and "float32" in message and "1e+308" in message and "NaN" not in message
+
+
+@pytest.mark.parametrize("rule", ["rrd", "vcbm_bookmark"])
+def test_a_rule_whose_arithmetic_overflows_is_one_line_naming_it(tmp_path, rule):
+    argv = ["--algo", "td", "--credit", rule, "--env", "DecideHuge-v0", "--max-episodes", "50", "--no-progress"]
+    with pytest.raises(VcbmGymError) as excinfo:
+        train([*argv, "--log-dir", str(tmp_path)])
+    message = str(excinfo.value)
+    assert "\n" not in message and f"credit rule {rule!r} gave nan" in message and "1e+308" in message
