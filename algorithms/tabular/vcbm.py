@@ -15,8 +15,8 @@ Sec. IV-A; choices in docs/papers/vcbm.md ("Tabular VCBM").
 5. Policy at a bookmark: balanced forced sampling to `forced_visits` each, then the two-sample z-test
    gates greedy (z > z_action: residual epsilon_min) versus decaying epsilon-greedy. Elsewhere: uniform.
 
-`vcbm+` (beyond the paper, at the end of this file) keeps 1-3 and replaces 4-5 at bookmarks:
-control-variate estimates and a sequential two-sample test (ARCHITECTURE.md, "vcbm+").
+`vcbm-plus` (beyond the paper, at the end of this file) keeps 1-3 and replaces 4-5 at bookmarks:
+control-variate estimates and a sequential two-sample test (ARCHITECTURE.md, "vcbm-plus").
 """
 
 from __future__ import annotations
@@ -56,14 +56,14 @@ from vcbm_gym.credit.causal_roles import (
 )
 from vcbm_gym.credit.welford import RegressionWelford, Welford, two_sample_z, z_statistic
 
-# Shared by vcbm's and vcbm+'s bookmark policies, which read them alike.
+# Shared by vcbm's and vcbm-plus's bookmark policies, which read them alike.
 N_MIN = 8  # visits of each action before a bookmark decision may be greedy
 EPSILON_MIN = 0.005  # the residual exploration of a decided bookmark
 
 
 @dataclass
 class VCBMRolesConfig(Validated):
-    """Causal-role discovery (Eq. 9-10), shared by vcbm and vcbm+."""
+    """Causal-role discovery (Eq. 9-10), shared by vcbm and vcbm-plus."""
 
     RANGES = {
         "warmup_transitions": NON_NEGATIVE,
@@ -308,7 +308,7 @@ class VCBMAgent(TabularAgent):
 
     def learn(self, episode_return: float, first_obs: np.ndarray | None = None, last_obs: np.ndarray | None = None) -> None:
         """Eq. 11: every (key, action) visited this episode gets the episode's return G.
-        (The episode's first and last observations are for vcbm+; the paper's agent ignores them.)"""
+        (The episode's first and last observations are for vcbm-plus; the paper's agent ignores them.)"""
         for key_action in self._episode_visits:
             self.values[key_action].update(episode_return)
         self._episode_visits, self._episode_return = [], 0.0
@@ -328,7 +328,7 @@ class VCBMAgent(TabularAgent):
 
 
 # ---------------------------------------------------------------------------------------------------
-# vcbm+ (beyond the paper): the same roles, contexts and keys; a bookmark policy without the greedy trap.
+# vcbm-plus (beyond the paper): the same roles, contexts and keys; a bookmark policy without the greedy trap.
 #
 # 1. Control variate: the return is regressed, per (key, action), on how much each NOISE component
 #    moved during the episode (`RegressionWelford`). Noise components change at the same rate under
@@ -356,7 +356,7 @@ class VCBMPlusConfig(VCBMRolesConfig):
 def bookmark_action_plus(
     arms: tuple[tuple[int, float, float], tuple[int, float, float]], cfg: VCBMPlusConfig, rng: np.random.Generator
 ) -> int:
-    """vcbm+: arms are (visits, adjusted mean, standard error) of actions 0 and 1.
+    """vcbm-plus: arms are (visits, adjusted mean, standard error) of actions 0 and 1.
 
     Balanced visits until each action has n_min; while z = |mu_0 - mu_1| / sqrt(SE_0^2 + SE_1^2)
     <= z_decide, the action with the larger SE (on a tie the less-visited one); once decisive,
