@@ -3,16 +3,16 @@
     python benchmarks/llm_old_logps.py                                   # twr-paper and workshop-low settings
     python benchmarks/llm_old_logps.py --settings twr-paper --iterations 6 --model tiny-random
 
-With 2 epochs per iteration, TRL scores each generation batch once more, without gradients, before training
-on it, for PPO's old log-probs (Eq. 7). The trainers take them from the first epoch's own forward pass
-instead (`old_logps_from_first_epoch`, tests/test_llm_old_logps.py: the same numbers). One LOOP trainer
-(`LoopTrainer`) per setting of benchmarks/llm_learning.py (its rollouts, K, epochs, learning rate, turns and
-noise; the warm-started tiny model; one torch thread) runs 1 + 2 x `--iterations` iterations; the first
-warms up, the others alternate between the two paths (TRL's pass on even iterations), so both meet the
-same machine load. Printed per setting: the medians of each path's seconds per iteration (the whole
-iteration: rollout, scoring, credit, both epochs) and of its training part (the iteration less its
-rollout), and the ratios TRL's / first epoch's. `--json PATH` also writes the rows, `--markdown PATH`
-the printed report.
+With 2 epochs per iteration, TRL scores each generation batch once more, without gradients, before training on
+it, for PPO's old log-probs (Eq. 7). The trainers take them from the first epoch's own forward pass instead
+(algorithms.llm.old_logps, tests/test_llm_old_logps.py: the same numbers). One LOOP trainer (`LoopTrainer`,
+its shortcut switched per iteration) per setting of benchmarks/llm_learning.py (its rollouts, K, epochs,
+learning rate, turns and noise; the warm-started tiny model; one torch thread) runs 1 + 2 x `--iterations`
+iterations; the first warms up, the others alternate between the two paths (TRL's pass on even iterations), so
+both meet the same machine load. Printed per setting: the medians of each path's seconds per iteration (the
+whole iteration: rollout, scoring, credit, both epochs) and of its training part (the iteration less its
+rollout), and the ratios TRL's / first epoch's. `--json PATH` also writes the rows, `--markdown PATH` the
+printed report.
 """
 
 from __future__ import annotations
@@ -49,6 +49,12 @@ def measure(setting_name: str, model_name: str, iterations: int) -> dict:
     key = "max_turns" if setting.env_id == "TextWatchRepair-v0" else "n_stations"
     times: dict[str, dict[str, list[float]]] = {path: {"iteration": [], "training": []} for path in PATHS}
 
+    class Switched(LoopTrainer):
+        first_epoch = True  # False: TRL's pass
+
+        def _old_policy_is_first_epoch(self) -> bool:
+            return self.first_epoch and super()._old_policy_is_first_epoch()
+
     class Alternate(TrainerCallback):
         """At each iteration's end: book its seconds under the path it ran, and switch paths for the next."""
 
@@ -64,7 +70,7 @@ def measure(setting_name: str, model_name: str, iterations: int) -> dict:
                 path = PATHS[(done - 2) % 2]
                 times[path]["iteration"].append(last["iteration_time_s"])
                 times[path]["training"].append(last["iteration_time_s"] - last["rollout_time_s"])
-            self.trainer.old_logps_from_first_epoch = PATHS[(done - 1) % 2] == "first_epoch"
+            self.trainer.first_epoch = PATHS[(done - 1) % 2] == "first_epoch"
 
     model, tokenizer = model_and_tokenizer(model_name, seed=0, bf16=False)
     with tempfile.TemporaryDirectory() as out:
@@ -86,7 +92,7 @@ def measure(setting_name: str, model_name: str, iterations: int) -> dict:
             use_cpu=True,
         )
         seeds = np.random.default_rng(0).integers(0, 2**31 - 1, size=1024)
-        trainer = LoopTrainer(
+        trainer = Switched(
             model=model,
             args=args,
             train_dataset=Dataset.from_dict({"prompt": [str(int(s)) for s in seeds]}),
@@ -95,7 +101,7 @@ def measure(setting_name: str, model_name: str, iterations: int) -> dict:
             env_kwargs={key: setting.turns, "noise_scale": setting.noise_scale},
         )
         trainer.add_callback(Alternate(trainer))
-        trainer.old_logps_from_first_epoch = False  # the warm-up iteration
+        trainer.first_epoch = False  # the warm-up iteration
         trainer.train()
     row = {"setting": setting_name, "iterations_per_path": iterations}
     for path in PATHS:

@@ -12,7 +12,7 @@ iterations (the first warms up and is not counted), and plays every iteration's 
 same random state, once on each path (which goes first alternates):
 
 - before: `hf_generate` every turn, re-encoding each live episode's whole context (the earlier path,
-  kept as `LoopTrainer.reencode_rollouts`);
+  which the trainer keeps for sharded models; `PairedRollouts.reencode` picks it here);
 - after: `CachedGeneration` (the default), each episode's keys and values kept from one turn to the next,
   each distinct first prompt and the prefix all prompts share encoded once, run by the cache engine
   `--engine` names: `packed` (the default for this model: algorithms.llm.packed_forward, real tokens only,
@@ -74,14 +74,15 @@ def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, bas
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
+            self.reencode = False  # True: the earlier path
             self.rollout_times: list[dict[str, float]] = []
             self.rollout_cpu_times: list[dict[str, float]] = []
             self.max_logprob_gap = 0.0
             self.same_tokens = True
 
         def _rollout_generation(self):
-            if self.reencode_rollouts:
-                return super()._rollout_generation()
+            if self.reencode:
+                return self._generate_answers  # hf_generate
             model = self.accelerator.unwrap_model(self.model)
             return CachedGeneration(
                 model, self.processing_class, self.args.max_new_tokens_per_turn, self.args.temperature, engine
@@ -95,7 +96,7 @@ def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, bas
             state, times, cpu_times, played, results = torch.random.get_rng_state(), {}, {}, {}, {}
             for method, batch in plays[shift:] + plays[:shift]:
                 torch.random.set_rng_state(state)
-                self.reencode_rollouts = method != "after"
+                self.reencode = method != "after"
                 start, cpu_start = time.perf_counter(), time.process_time()
                 results[method] = super()._rollout(batch, trainer)
                 times[method], played[method] = time.perf_counter() - start, self._episodes

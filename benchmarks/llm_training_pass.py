@@ -11,7 +11,8 @@ the batch's per-token log-probs with gradients and back-propagates a loss over t
 step costs), and computes them once more without gradients (the old-policy pass of a second epoch):
 
 - TRL: `GRPOTrainer._get_per_token_logps_and_entropies`, the model over [prompt, completion] of every row;
-- shared: `LoopTrainer`'s override (algorithms.llm.shared_prefix), each distinct prompt encoded once.
+- shared: the trainers' override (algorithms.llm.shared_prefix.SharedPromptLogps), each distinct prompt
+  encoded once.
 
 Printed per size: the batch's tokens (all rows, prompt and completion), the medians of each path's
 seconds, the ratio TRL / shared, and the largest difference between the two paths' log-probs and between
@@ -51,6 +52,11 @@ def captured_batch(model_name: str, rollouts: int, out: str):
     from algorithms.llm.trainer import LoopTrainer
 
     class Capture(LoopTrainer):
+        shared = True  # False: TRL's pass
+
+        def _can_share_prompts(self, model, extra_inputs):
+            return self.shared and super()._can_share_prompts(model, extra_inputs)
+
         def _compute_loss(self, model, inputs):
             self.captured = inputs
             return super()._compute_loss(model, inputs)
@@ -91,7 +97,7 @@ def one_pass(trainer, inputs, shared: bool) -> tuple[float, float, Any, dict]:
     """(seconds with gradients and backward, seconds without gradients, log-probs, gradients) on one path."""
     import torch
 
-    trainer.share_prompts = shared
+    trainer.shared = shared
     model = trainer.model
     ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
     mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)

@@ -174,7 +174,7 @@ def test_credit_flag_trains_the_tiny_model_with_that_rule(tmp_path, credit):
     )
     assert summary["credit"] == credit and summary["iterations_run"] == 2
     assert summary["trained_weight_change_l2"] > 0
-    assert (summary["memory_size"] > 0) == (credit == "vcbm_blend")
+    assert (summary.get("memory_size", 0) > 0) == (credit == "vcbm_blend")  # the rule's own summary() numbers
     import yaml
 
     assert yaml.safe_load((tmp_path / "config.yml").read_text())["hyperparams"]["credit"] == credit

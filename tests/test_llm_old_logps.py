@@ -1,7 +1,7 @@
 """The old policy's log-probs from the first epoch's own forward pass, instead of TRL's extra pass.
 
 With 2 epochs per iteration TRL scores each batch once more before training on it, for PPO's pi_old (Eq. 7).
-The trainers take pi_old from the first epoch's forward pass instead (`old_logps_from_first_epoch`): the same
+The trainers take pi_old from the first epoch's forward pass instead (algorithms.llm.old_logps): the same
 numbers, one forward pass fewer per iteration. Checked here against TRL's pass on the same seeds, with two
 micro-batches per epoch (gradient accumulation), for LOOP's loss and TRL's GRPO loss.
 """
@@ -29,14 +29,18 @@ def _train(algo: str, from_first_epoch: bool, out) -> tuple[object, list, int]:
     config_class = LoopConfig if algo == "loop" else MultiTurnGRPOConfig
 
     class Recording(base):
+        def _old_policy_is_first_epoch(self) -> bool:
+            return from_first_epoch and super()._old_policy_is_first_epoch()
+
         def compute_loss(self, model, inputs, *args, **kwargs):
             old = inputs.get("old_per_token_logps")
             self.given_old.append(None if old is None else old.clone())
             return super().compute_loss(model, inputs, *args, **kwargs)
 
-        def _training_pass(self, model, *args, **kwargs):
-            self.no_grad_passes += int(not torch.is_grad_enabled())
-            return super()._training_pass(model, *args, **kwargs)
+        def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+            out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+            self.no_grad_passes += int(not torch.is_grad_enabled() and out[0] is not None)  # None: the pass skipped
+            return out
 
     model, tokenizer = model_and_tokenizer("tiny-random", seed=0, bf16=False)
     args = config_class(
@@ -65,7 +69,6 @@ def _train(algo: str, from_first_epoch: bool, out) -> tuple[object, list, int]:
         env_kwargs={"max_turns": 2, "noise_scale": 1.0},
     )
     trainer.given_old, trainer.no_grad_passes = [], 0
-    trainer.old_logps_from_first_epoch = from_first_epoch
     trainer.train()
     return trainer, trainer.given_old, trainer.no_grad_passes
 

@@ -181,9 +181,10 @@ def save_final_weights(trainer, folder: Path) -> None:
 
 
 def run_summary(trainer: Any, cfg: Any, run_cfg: LoopRunConfig, checkpoint: str | None, weight_change: float) -> dict[str, Any]:
+    from algorithms.llm.metrics import rule_numbers
+
     history = trainer.history
     final = history[-1] if history else {}
-    rule = getattr(trainer, "credit_rule", None)
     return {
         "iterations_run": len(history),
         "world_size": trainer.accelerator.num_processes,
@@ -192,7 +193,7 @@ def run_summary(trainer: Any, cfg: Any, run_cfg: LoopRunConfig, checkpoint: str 
         "finetune": "full" if run_cfg.full_finetune else "lora",
         "trained_weight_change_l2": weight_change,
         "credit": getattr(cfg, "credit", None),
-        "memory_size": rule.summary().get("memory_size", 0) if rule is not None else 0,
+        **rule_numbers(getattr(trainer, "credit_rule", None)),
         **{f"final_{k}": v for k, v in final.items() if k not in UNTIMED},
         "mean_iteration_time_s": float(np.mean([h["iteration_time_s"] for h in history])) if history else None,
         "mean_credit_time_s": float(np.mean([h.get("credit_time_s", 0.0) for h in history])) if history else None,

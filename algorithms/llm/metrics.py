@@ -3,13 +3,15 @@ rollout metrics over all processes, and the log-prob memory estimate printed at 
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections import defaultdict
 from typing import Any
 
 import numpy as np
 
 from algorithms.llm.rollout import Episode
-from vcbm_gym.credit.base import EpisodeBatch
+from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 
 def decision_advantage_sums(advantages: np.ndarray, mask: np.ndarray, decision: np.ndarray) -> list[float]:
@@ -119,3 +121,14 @@ def rollout_metrics(parts: list[dict[str, list]]) -> dict[str, float]:
         "decision_token_share": float(tokens[0] / max(tokens[1], 1)),
         **task_goal_completion(every["last_infos"]),
     }
+
+
+def rule_numbers(rule: CreditRule | None) -> dict[str, int | float]:
+    """The finite numbers of the rule's own `summary()` (vcbm_blend: its memory's size), under the rule's names.
+
+    The trainer logs them with its metrics and the run's summary holds them, whatever the rule; a rule's other
+    entries (text, NaN before it has trained) are left out, as a metric must be a number."""
+    if rule is None:
+        return {}
+    summary = rule.summary()
+    return {k: v for k, v in summary.items() if isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)}

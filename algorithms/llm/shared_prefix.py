@@ -59,3 +59,39 @@ def shared_prefix_logps(
     logps = log_probs.gather(-1, input_ids[:, width:].unsqueeze(-1)).squeeze(-1)
     entropies = -(log_probs.exp() * log_probs).sum(-1) if compute_entropy else None
     return logps, entropies
+
+
+class SharedPromptLogps:
+    """Mixin for a GRPOTrainer, placed before it: TRL's log-probs and entropies, with each distinct prompt of a
+    chunk encoded once (`shared_prefix_logps`).
+
+    TRL's own pass stays where the shortcut is not the same computation or not known to be safe: extra model
+    inputs (images, MoE router losses), several processes (a second forward before backward under DDP/FSDP),
+    an output layer that is not float32 (TRL scores in float32).
+    """
+
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **kwargs
+    ):
+        if not self._can_share_prompts(model, kwargs):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
+            )
+        size, logps, entropies = batch_size or input_ids.size(0), [], []
+        for start in range(0, input_ids.size(0), size):
+            ids, mask = input_ids[start : start + size], attention_mask[start : start + size]
+            with self.accelerator.autocast():
+                shared = shared_prefix_logps(model, ids, mask, logits_to_keep, self.temperature, compute_entropy)
+            if shared is None:  # no prompt shared within this chunk
+                shared = super()._get_per_token_logps_and_entropies(model, ids, mask, logits_to_keep, size, compute_entropy)[:2]
+            logps.append(shared[0])
+            entropies.append(shared[1])
+        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+    def _can_share_prompts(self, model, extra_inputs: dict) -> bool:
+        if self.accelerator.num_processes > 1:
+            return False
+        if any(value not in (None, False) for value in extra_inputs.values()):
+            return False
+        head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        return head is not None and head.weight.dtype == torch.float32

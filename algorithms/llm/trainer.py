@@ -10,26 +10,25 @@ Two trainers:
 
 1. `rollout_func` (`_rollout`) plays K whole episodes per task of a Gymnasium text env; each
    episode is one sequence, environment tokens masked (algorithms.llm.rollout).
-2. `_generate_and_score_completions` replaces TRL's per-sequence group advantage by per-token
-   advantages from the run's credit rule (`credit`, `credit_kwargs`: `make_rule` on the batch's
-   EpisodeBatch; loop: LOO (Eq. 6) broadcast to every generated token, vcbm-loop: LOO blended
-   with VCBM's retrieval weights, Eq. 12-14). With several processes the rule sees the episodes
-   of all of them (`gather_episode_batch`): a task's K rollouts may sit on different ranks.
-   A stateful rule (vcbm_blend's episodic memory) observes the batch at the end of its iteration,
-   and only if the iteration is kept.
+2. `_score_episodes` (the hook `MultiTurnGRPOTrainer._generate_and_score_completions` calls after TRL's
+   scoring) replaces TRL's per-sequence group advantage by per-token advantages from the run's credit
+   rule (`credit`, `credit_kwargs`: `make_rule` on the batch's EpisodeBatch; loop: LOO (Eq. 6)
+   broadcast to every generated token, vcbm-loop: LOO blended with VCBM's retrieval weights, Eq. 12-14).
+   With several processes the rule sees the episodes of all of them (`gather_episode_batch`): a task's
+   K rollouts may sit on different ranks. A stateful rule (vcbm_blend's episodic memory) observes the
+   batch at the end of its iteration, and only if the iteration is kept.
 3. `_compute_loss` is the per-token PPO-clip of Eq. 7-8 (eps 0.1, no critic, no KL penalty),
    averaged over the generated tokens of the generation batch, optionally with EMPO's shared
    ratios (docs/papers/empo.md). It estimates the KL to the rollout policy; above `kl_abort` nats the whole
    iteration is discarded: its remaining micro-batches contribute nothing and, at its end, the
    trainable weights and optimizer state return to their values before the iteration.
-4. `compute_loss` keeps a micro-batch's first-epoch log-probs as its old log-probs (pi_old of Eq. 7) for the
-   later epochs, so TRL's extra no-grad pass over the batch is skipped where it would return the same numbers
-   (`_old_policy_is_first_epoch`).
-5. `_get_grad_norm` counts outlier-gradient events; `_save_checkpoint` adds the credit rule's
+4. `_get_grad_norm` counts outlier-gradient events; `_save_checkpoint` adds the credit rule's
    state (`state_dict`: vcbm_blend's episodic memory) and the loop's counters to TRL's checkpoints (adapter, optimizer, RNG).
 
-The pieces live beside this module: the EpisodeBatch (batch.py), the loss and KL estimate (loss.py),
-the metrics (metrics.py), the checkpoint additions (checkpoints.py) and vLLM turns (vllm.py).
+Both take pi_old of Eq. 7 from a micro-batch's first epoch instead of TRL's extra pass (old_logps.py) and
+encode each distinct prompt once in the training pass (shared_prefix.py). The other pieces live beside this
+module too: the EpisodeBatch (batch.py), the loss and KL estimate (loss.py), the metrics (metrics.py), the
+checkpoint additions (checkpoints.py) and vLLM turns (vllm.py).
 """
 
 from __future__ import annotations
@@ -54,9 +53,10 @@ from algorithms.llm.batch import context_keys, episode_batch, gather_episode_bat
 from algorithms.llm.checkpoints import load_loop_state, save_loop_state
 from algorithms.llm.config import LLM_CREDIT, LoopConfig, credit_slot
 from algorithms.llm.loss import kl_old_new, ppo_clip_token_loss, token_ratios
-from algorithms.llm.metrics import local_rollout_record, rollout_metrics
+from algorithms.llm.metrics import local_rollout_record, rollout_metrics, rule_numbers
+from algorithms.llm.old_logps import FirstEpochOldLogps
 from algorithms.llm.rollout import CachedGeneration, Episode, full_attention_only, hf_generate, play_episodes
-from algorithms.llm.shared_prefix import shared_prefix_logps
+from algorithms.llm.shared_prefix import SharedPromptLogps
 from algorithms.llm.vllm import fit_engine_to_platform, gather_counts, vllm_turn
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
@@ -75,10 +75,10 @@ class _IterationEnd(TrainerCallback):
             self.trainer._end_iteration()
 
 
-class MultiTurnGRPOTrainer(GRPOTrainer):
+class MultiTurnGRPOTrainer(FirstEpochOldLogps, SharedPromptLogps, GRPOTrainer):
     """GRPOTrainer over whole episodes of a Gymnasium text env, with per-iteration metrics.
 
-    Advantages and loss are TRL's own (pi_old from the first epoch's pass: `compute_loss`); this class supplies
+    Advantages and loss are TRL's own (pi_old from the first epoch's pass: FirstEpochOldLogps); this class supplies
     rollouts (`rollout_func`) and records, per iteration: return, task goal completion (for the embedded text envs: the optimal
     decision rate), invalid-turn rate, the share of advantage mass on deciding turns, tokens.
     """
@@ -95,11 +95,6 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         writer=None,
     ) -> None:
         self.env_id, self.env_kwargs = env_id, dict(env_kwargs or {})
-        self.reencode_rollouts = False  # True: the earlier rollout path (hf_generate every turn), for comparisons
-        self.share_prompts = True  # False: TRL's training pass (every row's prompt encoded again), for comparisons
-        self.old_logps_from_first_epoch = True  # False: TRL's extra pass for the old policy's log-probs, for comparisons
-        self._skipping_old_pass = False
-        self._first_epoch_logps: list[torch.Tensor] | None = None
         self._env_pool: list[gym.Env] = []
         check_turn_limits(args.max_turns, self._envs(1)[0], env_id)
         self.writer = writer
@@ -142,12 +137,11 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         """The generation of one rollout: vLLM, else transformers with each episode's keys and values kept across turns.
 
         `CachedGeneration` (algorithms.llm.rollout) feeds only a turn's new tokens; `hf_generate`
-        re-encodes every context each turn, and stays for sharded models (synced generation), models
-        with sliding-window or linear attention, and `reencode_rollouts` (the earlier path, which
-        benchmarks/llm_throughput.py measures side by side).
+        re-encodes every context each turn, and stays for sharded models (synced generation) and models
+        with sliding-window or linear attention (benchmarks/llm_throughput.py measures both side by side).
         """
         model = self.accelerator.unwrap_model(self.model)
-        if self.use_vllm or self._sharded or self.reencode_rollouts or not full_attention_only(model):
+        if self.use_vllm or self._sharded or not full_attention_only(model):
             return self._generate_answers
         return CachedGeneration(model, self.processing_class, self.args.max_new_tokens_per_turn, self.args.temperature)
 
@@ -210,107 +204,20 @@ class MultiTurnGRPOTrainer(GRPOTrainer):
         entropy = [int(self.args.seed), int(self.state.global_step), int(self.accelerator.process_index)]
         return [int(s) for s in np.random.SeedSequence(entropy).generate_state(n, dtype=np.uint32)]
 
-    # --- the training pass's log-probs ---------------------------------------------------------
-    def _get_per_token_logps_and_entropies(
-        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, **kwargs
-    ):
-        """TRL's log-probs and entropies, with each distinct prompt of a chunk encoded once (algorithms.llm.shared_prefix).
-
-        TRL's own pass stays where the shortcut is not the same computation or not known to be safe: extra model
-        inputs (images, MoE router losses), several processes (a second forward before backward under DDP/FSDP),
-        an output layer that is not float32 (TRL scores in float32), `share_prompts` off (comparisons).
-        """
-        if self._skipping_old_pass and not torch.is_grad_enabled():  # TRL's old-policy pass: see _scored_batch
-            return torch.full((input_ids.size(0), logits_to_keep), math.nan, device=input_ids.device), None, None
-        logps, entropies, aux = self._training_pass(
-            model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
-        )
-        if self._first_epoch_logps is not None and torch.is_grad_enabled():
-            self._first_epoch_logps.append(logps.detach())
-        return logps, entropies, aux
-
-    def _training_pass(self, model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs):
-        if not self._can_share_prompts(model, kwargs):
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, **kwargs
-            )
-        size, logps, entropies = batch_size or input_ids.size(0), [], []
-        for start in range(0, input_ids.size(0), size):
-            ids, mask = input_ids[start : start + size], attention_mask[start : start + size]
-            with self.accelerator.autocast():
-                shared = shared_prefix_logps(model, ids, mask, logits_to_keep, self.temperature, compute_entropy)
-            if shared is None:  # no prompt shared within this chunk
-                shared = super()._get_per_token_logps_and_entropies(model, ids, mask, logits_to_keep, size, compute_entropy)[:2]
-            logps.append(shared[0])
-            entropies.append(shared[1])
-        return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
-
-    def _can_share_prompts(self, model, extra_inputs: dict) -> bool:
-        if not self.share_prompts or self.accelerator.num_processes > 1:
-            return False
-        if any(value not in (None, False) for value in extra_inputs.values()):
-            return False
-        head = self.accelerator.unwrap_model(model).get_output_embeddings()
-        return head is not None and head.weight.dtype == torch.float32
-
+    # --- scoring -------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
         self._begin_iteration()
-        output = self._scored_batch(super()._generate_and_score_completions, inputs)
-        batch = episode_batch(self._episodes, output["completion_ids"].shape[1])
+        output = super()._generate_and_score_completions(inputs)
+        batch = self._score_episodes(output, self._episodes)
         self._record_rollouts(self._episodes, batch, output["advantages"])
         return output
 
-    # --- the old policy's log-probs: the first epoch's own ------------------------------------
-    def _old_policy_is_first_epoch(self) -> bool:
-        """TRL scores a batch a second time, before training on it, to get the log-probs of the policy that sampled it
-        (PPO's pi_old, Eq. 7) whenever it trains more than one epoch on it. Here one epoch is one optimizer step over
-        the whole batch (gradient accumulation spans the batch's micro-batches), so every micro-batch of the first
-        epoch is scored by the sampling weights themselves: its own forward pass gives pi_old, and the extra pass is
-        one forward pass per iteration spent for nothing. TRL's pass stays where it is not the same computation:
-        importance-sampling correction against vLLM and a KL penalty (both need other passes in the same place)."""
-        return (
-            self.old_logps_from_first_epoch
-            and self.num_iterations > 1
-            and self.args.gradient_accumulation_steps == self.args.steps_per_generation
-            and self.beta == 0.0
-            and not (self.use_vllm and self.vllm_importance_sampling_correction)
-        )
+    def _score_episodes(self, output: dict[str, Any], episodes: list[Episode]) -> EpisodeBatch:
+        """The episodes' EpisodeBatch; the hook where a subclass sets its own advantages in `output` (TRL's group
+        advantage stays here)."""
+        return episode_batch(episodes, output["completion_ids"].shape[1])
 
-    def _scored_batch(self, score, inputs) -> dict[str, Any]:
-        """TRL's `_generate_and_score_completions` (`score`), without its pass for the old log-probs where the first
-        epoch gives them (`_old_policy_is_first_epoch`)."""
-        self._skipping_old_pass = self._old_policy_is_first_epoch()
-        try:
-            output = score(inputs)
-        finally:
-            skipped, self._skipping_old_pass = self._skipping_old_pass, False
-        if skipped:
-            output.pop("old_per_token_logps", None)  # the skipped pass's placeholder
-        elif "old_per_token_logps" in output:
-            self._record_sampling_gap(output, output["old_per_token_logps"])
-        return output
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        """TRL's loss; in a micro-batch's first epoch, its log-probs are kept as the later epochs' old log-probs.
-
-        A micro-batch without `old_per_token_logps` is in its first epoch: TRL's loss (and LOOP's) then uses the
-        detached log-probs of this very pass as pi_old, which is what TRL's separate pass would have returned.
-        """
-        first_epoch = self._old_policy_is_first_epoch() and "old_per_token_logps" not in inputs
-        self._first_epoch_logps = [] if first_epoch else None
-        try:
-            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-            if first_epoch:
-                if len(self._first_epoch_logps) != 1:
-                    raise RuntimeError(f"{len(self._first_epoch_logps)} training passes in one loss: expected 1")
-                old = self._first_epoch_logps[0]
-                inputs["old_per_token_logps"] = old  # TRL reuses this micro-batch's dict in every epoch
-                self._record_sampling_gap(inputs, old)
-        finally:
-            self._first_epoch_logps = None
-        return loss
-
-    def _record_sampling_gap(self, inputs: dict[str, Any], old: torch.Tensor) -> None:
+    def _on_old_logps(self, inputs: dict[str, Any], old: torch.Tensor) -> None:
         """The iteration's largest gap between the rollout engine's log-probs and the trainer's old ones, on the
         generated tokens (`max_sampling_logprob_diff`)."""
         sampled = inputs.get("sampling_per_token_logps")
@@ -396,12 +303,9 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
 
     # --- per-token advantages ----------------------------------------------------------------
-    def _generate_and_score_completions(self, inputs):
-        self._begin_iteration()
-        output = self._scored_batch(lambda batch: GRPOTrainer._generate_and_score_completions(self, batch), inputs)
-        episodes = self._episodes
+    def _score_episodes(self, output: dict[str, Any], episodes: list[Episode]) -> EpisodeBatch:
         start = time.perf_counter()
-        batch = episode_batch(episodes, output["completion_ids"].shape[1])
+        batch = super()._score_episodes(output, episodes)
         advantages = self.token_advantages(batch)
         self._iter_stats["credit_time_s"] += time.perf_counter() - start
         device = output["completion_ids"].device
@@ -409,8 +313,7 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         output["turn_ids"] = torch.as_tensor(batch.step_turn, device=device)
         if self.args.ratio_sharing != "none":
             output["cell_ids"] = torch.as_tensor(self._cells(episodes), device=device)
-        self._record_rollouts(episodes, batch, output["advantages"])
-        return output
+        return batch
 
     def token_advantages(self, batch: EpisodeBatch) -> np.ndarray:
         """(B, T) advantages of this process's episodes: the credit rule over all processes' episodes.
@@ -515,8 +418,8 @@ class LoopTrainer(MultiTurnGRPOTrainer):
             "iteration_aborted": float(self._aborted),
             "aborted_iterations": float(self.aborted_iterations),
             "credit_time_s": s["credit_time_s"],
-            "memory_size": float(self.credit_rule.summary().get("memory_size", 0)),
         }
+        metrics.update({k: float(v) for k, v in rule_numbers(self.credit_rule).items() if k not in metrics})
         return self._max_over_processes(metrics, ("max_importance_weight", "max_logprob_diff", "max_sampling_logprob_diff"))
 
     def _max_over_processes(self, metrics: dict[str, float], keys: tuple[str, ...]) -> dict[str, float]:
