@@ -40,9 +40,9 @@ episodes (gathered), and the iteration metrics are over all of them. On CPUs (wo
 The per-process batch is derived (`share_batch`: generation_batch_size / processes) unless a config names it.
 
 Every run prints its world size at start-up and records it in summary.json. On CPUs the model is
-wrapped in DDP: accelerate 1.15 turns FSDP on only for accelerator devices (its MULTI_CPU state never
+wrapped in DDP: accelerate 1.16 turns FSDP on only for accelerator devices (its MULTI_CPU state never
 becomes FSDP), so DDP over gloo is the closest supported wrapping. Multi-GPU (FSDP2, as in the paper's
-2-GPU AppWorld runs; not run on this project's CPUs):
+2-GPU AppWorld runs; its paths run on two CPU processes in tests/test_fsdp2_cpu.py, not on GPUs here):
 
     accelerate launch --config_file zoo_configs/accelerate/fsdp2.yaml -m algorithms.train \\
         --algo vcbm-loop --env AppWorld-v0 --model Qwen/Qwen2.5-7B-Instruct --use-vllm
