@@ -14,6 +14,7 @@ from algorithms.common.credit_slot import CreditSlot
 from algorithms.sb3.buffers import RelabelingReplayBuffer
 from algorithms.tabular.q_learning import QLearningAgent, QLearningConfig
 from algorithms.tabular.runner import ARM
+from tests.test_tabular_credit import FlippedRule  # a reward model with its rewards negated
 from vcbm_gym.credit.base import EpisodeBatch, RewardRule
 from vcbm_gym.credit.ircr import IRCRRule
 from vcbm_gym.credit.rrd import rrd_loss
@@ -177,21 +178,6 @@ class DecideFirst(gym.Env):
         return np.array([self.decided, self.t]), reward, done, False, info
 
 
-class Negated(RewardRule):
-    """`inner` with its rewards negated: a reward model whose credit points the wrong way."""
-
-    name = "negated"
-
-    def __init__(self, inner: RewardRule) -> None:
-        self.inner = inner
-
-    def observe(self, batch: EpisodeBatch) -> None:
-        self.inner.observe(batch)
-
-    def rewards(self, batch: EpisodeBatch) -> np.ndarray:
-        return -self.inner.rewards(batch)
-
-
 RULE_KWARGS = {
     "rudder": {},
     "rrd": {"min_buffer_episodes": 8, "train_steps": 4, "subsequence_size": 2},
@@ -230,7 +216,7 @@ def test_a_negated_reward_model_learns_worse(name):
     for seed in range(6):
         slot = CreditSlot(name, {name: RULE_KWARGS[name]})
         real.append(_correct_rate(slot.build(fit, env, seed), seed, 300))
-        flipped.append(_correct_rate(Negated(slot.build(fit, env, seed)), seed, 300))
+        flipped.append(_correct_rate(FlippedRule(slot.build(fit, env, seed)), seed, 300))
     result = stats.ttest_ind(real, flipped, equal_var=False, alternative="greater")
     assert result.pvalue < 0.01, (real, flipped)
     assert np.mean(real) > 0.5 > np.mean(flipped), (real, flipped)

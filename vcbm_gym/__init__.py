@@ -46,17 +46,23 @@ for _env_id, _kwargs in _ENVS.items():
     if _env_id not in registry:
         register(id=_env_id, **_kwargs)
 
-for _base_id in _DELAYED:
-    _spec = registry[_base_id]
-    if f"Delayed{_base_id}" not in registry:
+
+def _register_delayed(name: str, base_id: str) -> None:
+    """`name`: Gymnasium's `base_id` (entry point, time limit, kwargs) with DelayedReward after its time limit."""
+    spec = registry[base_id]
+    if name not in registry:
         register(
-            id=f"Delayed{_base_id}",
-            entry_point=_spec.entry_point,
-            reward_threshold=_spec.reward_threshold,
-            max_episode_steps=_spec.max_episode_steps,
-            kwargs=dict(_spec.kwargs),
+            id=name,
+            entry_point=spec.entry_point,
+            reward_threshold=spec.reward_threshold,
+            max_episode_steps=spec.max_episode_steps,
+            kwargs=dict(spec.kwargs),
             additional_wrappers=(DelayedReward.wrapper_spec(),),
         )
+
+
+for _base_id in _DELAYED:
+    _register_delayed(f"Delayed{_base_id}", _base_id)
 
 # bsuite settings: "BSuite-v0" takes bsuite_id as a kwarg; each bsuite_id ("umbrella_length/9": namespace
 # "umbrella_length", name "9" in Gymnasium's id grammar) is also an id of its own.
@@ -69,16 +75,7 @@ for _env_id, _kwargs in (("BSuite-v0", {}), *((_bsuite_id, {"bsuite_id": _bsuite
 # learners store it as non-terminal. The episode's return is the dense task's. Needs the `mujoco` extra to make.
 _EPISODIC_MUJOCO = ("Hopper-v5", "Walker2d-v5", "HalfCheetah-v5", "Ant-v5", "Swimmer-v5", "Humanoid-v5")
 for _base_id in _EPISODIC_MUJOCO:
-    _spec = registry[_base_id]
-    if f"Episodic{_base_id}" not in registry:
-        register(
-            id=f"Episodic{_base_id}",
-            entry_point=_spec.entry_point,
-            reward_threshold=_spec.reward_threshold,
-            max_episode_steps=_spec.max_episode_steps,
-            kwargs=dict(_spec.kwargs),
-            additional_wrappers=(DelayedReward.wrapper_spec(),),
-        )
+    _register_delayed(f"Episodic{_base_id}", _base_id)
 
 ENV_IDS = tuple(_ENVS)
 EPISODIC_MUJOCO_ENV_IDS = tuple(f"Episodic{base_id}" for base_id in _EPISODIC_MUJOCO)
