@@ -13,7 +13,7 @@ iterations (the first warms up and is not counted), and plays every iteration's 
 same random state, once on each path (which goes first alternates):
 
 - before: `hf_generate` every turn, re-encoding each live episode's whole context (the earlier path,
-  which the trainer keeps for sharded models; `PairedRollouts.reencode` picks it here);
+  which the trainer keeps for sharded models; `PairedRollouts.path` picks it here);
 - after: `CachedGeneration` (the default), each episode's keys and values kept from one turn to the next,
   each distinct first prompt and the prefix all prompts share encoded once, run by the cache engine
   `--engine` names: `packed` (the default for this model: algorithms.llm.packed_forward, real tokens only,

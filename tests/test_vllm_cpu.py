@@ -110,6 +110,8 @@ def test_colocated_vllm_on_one_process_trains_with_matching_log_probs_and_synced
     done, ranks, summary = _run(tmp_path, 1)
     record = ranks[0]
     assert record["engine"]["mode"] == "colocate"
+    # TRL builds the engine without enable_prefix_caching: vLLM's default, on (ARCHITECTURE.md, vLLM across processes)
+    assert record["engine"]["prefix_caching"] is True
     assert summary["world_size"] == 1 and summary["iterations_run"] == ITERATIONS
     assert "world size 1" in done.stderr
     _check_log_probs_and_weight_sync(record)

@@ -133,7 +133,11 @@ def recording_init(self, *args, **kwargs):
         # rank 0's episodes end after SHORT_TURNS turns, rank 1's play on: on the later turns rank 0 has
         # no context and rank 1 has all of its own, the case where TRL's slicing alone hands rank 1 none
         self.env_kwargs, self._env_pool = {**self.env_kwargs, "max_turns": SHORT_TURNS}, []
-    record["engine"] = {"mode": gen.mode, "tensor_parallel_size": gen.tensor_parallel_size, "sync": repr(gen.sync_weights)}
+    record["engine"] = {
+        "mode": gen.mode,
+        "tensor_parallel_size": gen.tensor_parallel_size,
+        "prefix_caching": gen.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching,
+    }
 
 
 trainer_module.MultiTurnGRPOTrainer._rollout = recording_rollout

