@@ -336,7 +336,13 @@ def _leave_launch_together() -> None:
     torch = sys.modules.get("torch")  # a tabular run never imports it
     if cli.launch_world_size() > 1 and torch is not None and torch.distributed.is_initialized():
         torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+        if "vllm" in sys.modules:  # vLLM's groups first, else its exit handler finds them gone with the world group
+            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+            destroy_model_parallel()
+            destroy_distributed_environment()  # vLLM's world group, then the process group
+        else:
+            torch.distributed.destroy_process_group()
 
 
 def _main(argv: list[str]) -> None:
