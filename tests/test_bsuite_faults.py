@@ -203,6 +203,18 @@ def test_a_malformed_or_out_of_range_bsuite_env_id_names_the_experiments_range(e
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("env_id", ["bsuite:umbrella_length", "bsuite:umbrella_length/23", "bsuite:umbrella_length/-1",
+                                    "bsuite:umbrella_length/03", "bsuite:nope/1"])  # fmt: skip
+def test_train_names_the_experiments_range_not_the_project_envs(env_id):
+    from algorithms import train
+    from algorithms.common.errors import VcbmGymError
+
+    with pytest.raises(VcbmGymError) as caught:
+        train.check_env_id(env_id)
+    message = str(caught.value)
+    assert "\n" not in message and "WatchRepair" not in message and ("umbrella_length" in message or "nope" in message)
+
+
 def test_other_env_ids_are_not_bsuite_problems():
     assert env_id_problem("bsuite:umbrella_length/22") is None and env_id_problem("WatchRepair-v0") is None
     with pytest.raises(gym.error.UnregisteredEnv):  # Gymnasium's own words for an id that is not bsuite's
