@@ -1,4 +1,5 @@
-"""Rewards that are finite but beyond what a learner stores or a rule's arithmetic holds: one line, naming the cause."""
+"""Rewards that are finite but beyond what a learner stores or a rule's arithmetic holds, one line naming the cause;
+and train --help, where every such line points."""
 
 from __future__ import annotations
 
@@ -56,3 +57,12 @@ def test_a_rule_whose_arithmetic_overflows_is_one_line_naming_it(tmp_path, rule)
         train([*argv, "--log-dir", str(tmp_path)])
     message = str(excinfo.value)
     assert "\n" not in message and f"credit rule {rule!r} gave nan" in message and "1e+308" in message
+
+
+@pytest.mark.parametrize("algo", ["td", "ppo", "loop"])
+def test_train_help_lists_the_credit_and_resume_flags(run_cli, algo):
+    # every credit error points to --help: it must list --credit (the arm's) and --resume
+    done = run_cli("algorithms.train", "--algo", algo, "--help")
+    assert done.returncode == 0 and "--credit" in done.stdout and "--resume" in done.stdout, done.stdout[-500:]
+    bare = run_cli("algorithms.train", "--help")
+    assert bare.returncode == 0 and "--resume" in bare.stdout and "--algo ALGO --help" in bare.stdout
