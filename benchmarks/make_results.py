@@ -261,9 +261,7 @@ def render(results_dir: Path) -> str:
             "bash benchmarks/bsuite_sweeps.sh",
         ),
         suite_section(
-            "bsuite short sweep on umbrella_length (the last published run predates the credit slot: SB3's default "
-            "settings, reward rules as PPO's advantages; bsuite_sweeps.sh now runs ppo and dqn, each alone and with "
-            "every reward rule, and vcbm)",
+            "bsuite short sweep: PPO and DQN, each alone and with every reward rule, and VCBM, on umbrella_length",
             results_dir / "bsuite_short_umbrella_length",
             "bash benchmarks/bsuite_sweeps.sh",
         ),
