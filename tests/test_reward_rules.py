@@ -12,9 +12,9 @@ from scipy import stats
 
 from algorithms.common.credit_slot import CreditSlot
 from algorithms.sb3.buffers import RelabelingReplayBuffer
-from algorithms.tabular.q_learning import QLearningAgent, QLearningConfig
+from algorithms.tabular.q_learning import QLearningConfig
 from algorithms.tabular.runner import ARM
-from tests.test_tabular_credit import FlippedRule  # a reward model with its rewards negated
+from tests.test_tabular_credit import FlippedRule, _first_decision_correct_rate  # FlippedRule: rewards negated
 from vcbm_gym.credit.base import EpisodeBatch, RewardRule
 from vcbm_gym.credit.ircr import IRCRRule
 from vcbm_gym.credit.rrd import rrd_loss
@@ -187,22 +187,7 @@ RULE_KWARGS = {
 
 
 def _correct_rate(rule: RewardRule, seed: int, episodes: int) -> float:
-    env = DecideFirst()
-    agent = QLearningAgent(env.observation_space, env.action_space, QLearningConfig(alpha=0.1, epsilon=0.1), seed, credit=rule)
-    obs, _ = env.reset(seed=seed)
-    correct = []
-    for episode in range(episodes):
-        if episode:
-            obs, _ = env.reset()
-        done = False
-        while not done:
-            action = agent.act(obs)
-            next_obs, reward, done, _, info = env.step(action)
-            agent.observe(obs, action, reward, next_obs, done)
-            obs = next_obs
-        agent.end_episode()
-        correct.append(info["first_decision_optimal"])
-    return float(np.mean(correct[episodes // 2 :]))
+    return _first_decision_correct_rate(rule, seed, episodes, DecideFirst(), QLearningConfig(alpha=0.1, epsilon=0.1))
 
 
 @pytest.mark.parametrize("name", list(RULE_KWARGS))

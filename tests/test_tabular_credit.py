@@ -187,10 +187,14 @@ def test_refusal_is_one_error_line_and_nothing_on_disk(run_cli, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def _first_decision_correct_rate(credit: CreditRule, seed: int, episodes: int) -> float:
-    """The runner's loop for td on WatchRepair-v0: the rate of optimal first decisions over the second half."""
-    env = gym.make("WatchRepair-v0")
-    agent = QLearningAgent(env.observation_space, env.action_space, QLearningConfig(alpha=0.03), seed, credit=credit)
+def _first_decision_correct_rate(
+    credit: CreditRule, seed: int, episodes: int, env: gym.Env | None = None, config: QLearningConfig | None = None
+) -> float:
+    """The runner's loop for td (on WatchRepair-v0 unless `env` is given): the rate of optimal first decisions over
+    the second half."""
+    env = gym.make("WatchRepair-v0") if env is None else env
+    config = QLearningConfig(alpha=0.03) if config is None else config
+    agent = QLearningAgent(env.observation_space, env.action_space, config, seed, credit=credit)
     correct = []
     obs, _ = env.reset(seed=seed)
     for episode in range(episodes):
