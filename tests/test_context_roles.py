@@ -21,6 +21,7 @@ from algorithms.common.errors import ConfigError
 from algorithms.tabular.vcbm import VCBMConfig
 from algorithms.train import run
 from envs.context_match import ContextMatchEnv
+from tests.test_vcbm_value_test import record_random_play
 from vcbm_gym.credit.causal_roles import (
     CAUSAL_TESTS,
     DEFAULT_CAUSAL_TEST,
@@ -222,18 +223,9 @@ def test_the_log_keeps_small_integers_in_one_byte_and_every_value_exactly():
 
 
 def _random_play(env: gym.Env, episodes: int, seed: int, causal_test: str) -> ChangeStatistics:
-    """Counts of uniformly random play, as VCBM's warm-up gathers them."""
-    rng = np.random.default_rng(seed)
+    """Counts of uniformly random play, as VCBM's warm-up gathers them, for `causal_test`."""
     stats = ChangeStatistics.for_test(int(np.prod(env.observation_space.shape)), 2, causal_test)
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed * 100_000 + episode)
-        done = False
-        while not done:
-            action = int(rng.integers(2))
-            nxt, _, done, _, _ = env.step(action)
-            stats.update(obs, action, nxt)
-            obs = nxt
-    return stats
+    return record_random_play(env, stats, episodes, seed)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -131,10 +131,9 @@ def test_two_proportion_z_with_per_entry_trials_matches_the_scalar_form():
     assert z[2] == 0.0  # no trial under action 0: nothing to compare
 
 
-def _setting_statistics(n_episodes: int, length: int, seed: int) -> ChangeStatistics:
-    """Counts of uniformly random play on UmbrellaLike, as VCBM's warm-up gathers them."""
-    env, rng = UmbrellaLike(length=length, n_distractors=4), np.random.default_rng(seed)
-    stats = ChangeStatistics(7)
+def record_random_play(env: gym.Env, stats: ChangeStatistics, n_episodes: int, seed: int) -> ChangeStatistics:
+    """`stats` updated with the transitions of uniformly random play on `env`, as VCBM's warm-up gathers them."""
+    rng = np.random.default_rng(seed)
     for episode in range(n_episodes):
         obs, _ = env.reset(seed=seed * 100_000 + episode)
         done = False
@@ -144,6 +143,11 @@ def _setting_statistics(n_episodes: int, length: int, seed: int) -> ChangeStatis
             stats.update(obs, action, nxt)
             obs = nxt
     return stats
+
+
+def _setting_statistics(n_episodes: int, length: int, seed: int) -> ChangeStatistics:
+    """Counts of uniformly random play on UmbrellaLike."""
+    return record_random_play(UmbrellaLike(length=length, n_distractors=4), ChangeStatistics(7), n_episodes, seed)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
