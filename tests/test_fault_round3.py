@@ -27,7 +27,7 @@ from algorithms.experiment.distributed import pack_dir, unpack_dir
 from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.features import SpaceFeaturizer
 from vcbm_gym.credit.ircr import IRCRRule, normalised_returns
-from vcbm_gym.credit.redistribute import redistribute, return_equivalent_rewards
+from vcbm_gym.credit.redistribute import return_equivalent_rewards
 from vcbm_gym.credit.registry import make_rule
 from vcbm_gym.credit.rrd import RRDConfig
 
@@ -161,7 +161,8 @@ def test_the_return_equivalent_projection_survives_an_overflowing_sum():
         return_equivalent_rewards(np.array([[1.0, 2.0, 9.0]]), mask, np.array([4.0])), [[1.5, 2.5, 0.0]]
     )
     rewards = np.array([[0.0, HUGE], [0.0, -HUGE]])
-    redistributed = redistribute(IRCRRule(), EpisodeBatch(rewards, np.ones_like(rewards, dtype=bool)))
+    batch = EpisodeBatch(rewards, np.ones_like(rewards, dtype=bool))
+    redistributed = return_equivalent_rewards(IRCRRule().advantages(batch), batch.mask, batch.returns)
     np.testing.assert_allclose(redistributed.sum(axis=1), [HUGE, -HUGE])
 
 

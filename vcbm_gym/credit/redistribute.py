@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from vcbm_gym.credit.base import CreditRule, EpisodeBatch
-
 
 def return_equivalent_rewards(advantages: np.ndarray, mask: np.ndarray, returns: np.ndarray) -> np.ndarray:
     """(B, T) r'_t = A_t + (G - sum_s A_s) / n on masked steps, 0 elsewhere.
@@ -42,10 +40,3 @@ def _projection(advantages: np.ndarray, mask: np.ndarray, returns: np.ndarray) -
     n = mask.sum(axis=1)
     residual = np.divide(returns - np.where(mask, advantages, 0.0).sum(axis=1), n, out=np.zeros(len(n)), where=n > 0)
     return np.where(mask, advantages + residual[:, None], 0.0)
-
-
-def redistribute(rule: CreditRule, batch: EpisodeBatch) -> np.ndarray:
-    """(B, T) the rule's return-equivalent rewards for `batch`, after the rule has learned from it
-    (`observe` before `advantages`, as CreditRule asks)."""
-    rule.observe(batch)
-    return return_equivalent_rewards(rule.advantages(batch), batch.mask, batch.returns)
