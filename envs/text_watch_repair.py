@@ -70,6 +70,17 @@ def parse_action(text: str) -> str:
     return found[-1].casefold() if found else "invalid"
 
 
+def outcome_generator(task_random: np.random.Generator, options: dict | None) -> np.random.Generator:
+    """The generator of an episode's outcome: `task_random` (the reset seed's), or a fresh one seeded by
+    `options["outcome_seed"]`, so that K rollouts of one task can meet independent outcomes."""
+    seed = (options or {}).get("outcome_seed")
+    if seed is None:
+        return task_random
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"outcome_seed={seed!r}: expected an integer >= 0")
+    return gym.utils.seeding.np_random(int(seed))[0]
+
+
 def _printable(text: str, limit: int = 80) -> str:
     clean = "".join(ch if ch in CHARSET and ch not in "\r\x0b\x0c" else "?" for ch in text)
     return clean[:limit] + ("..." if len(clean) > limit else "")
@@ -121,13 +132,7 @@ class WatchTextEnv(gym.Env):
         own: K rollouts of one task (one reset seed) then meet independent outcomes, as K episodes of the same
         task played in the world would, instead of repeating one draw of the noise K times.
         """
-        seed = (options or {}).get("outcome_seed")
-        if seed is None:
-            self._outcome_rng = self.np_random
-            return
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"outcome_seed={seed!r}: expected an integer >= 0")
-        self._outcome_rng = gym.utils.seeding.np_random(int(seed))[0]
+        self._outcome_rng = outcome_generator(self.np_random, options)
 
     def scaled_return(self, realised: float, repaired: bool, brand: int) -> float:
         """E[G | brand, decision] + noise_scale * (G - E[G | brand, decision])."""

@@ -20,6 +20,7 @@ NEEDED = {
     "WatchRepair-v0": (),
     "TextWatchRepair-v0": ("vcbm-loop", "--ratio-sharing effect"),
     "TextWatchWorkshop-v0": ("vcbm-loop", "--ratio-sharing effect"),
+    "TextThinkSolve-v0": ("vcbm-loop", "--ratio-sharing effect"),
     "SetRetrieval-v0": ("casi",),
     "TextSetRetrieval-v0": ("casi",),
     "ContextMatch-v0": (),
@@ -30,6 +31,7 @@ EVALUATION = {
     "ContextMatch-v0": {"first_decision_optimal", "is_success"},
     "TextWatchRepair-v0": {"first_decision_optimal", "task_goal_completion", "is_decision_turn"},
     "TextWatchWorkshop-v0": {"first_decision_optimal", "task_goal_completion", "is_decision_turn"},
+    "TextThinkSolve-v0": {"first_decision_optimal", "task_goal_completion", "is_decision_turn"},
 }
 
 

@@ -33,6 +33,7 @@ _ENVS = {
     ),
     "TextWatchRepair-v0": dict(entry_point="envs.text_watch_repair:TextWatchRepairEnv"),
     "TextWatchWorkshop-v0": dict(entry_point="envs.text_watch_workshop:TextWatchWorkshopEnv"),
+    "TextThinkSolve-v0": dict(entry_point="envs.text_think_solve:TextThinkSolveEnv"),  # two roles (issue 35)
     "SetRetrieval-v0": dict(entry_point="envs.set_retrieval:SetRetrievalEnv"),
     "TextSetRetrieval-v0": dict(entry_point="envs.set_retrieval:TextSetRetrievalEnv"),
     "AppWorld-v0": dict(entry_point="envs.appworld.env:AppWorldEnv"),
