@@ -1,7 +1,8 @@
 """TextThinkSolve: two roles, a Thinker who sees the watch's records and a Solver who decides, in text.
 
-The two-agent setting of CCPO and SEPO (Li et al., "Counterfactual Credit for Policy Optimization",
-arXiv 2603.21563; docs/papers/ccpo.md), on TextWatchRepair's theme. A customer's watch has stopped:
+The two-agent setting of CCPO and SEPO (Z. Li et al., arXiv 2603.21563: Counterfactual Credit for Policy
+Optimization and Self-Evaluated Credit for Policy Optimization; docs/papers/ccpo.md), on TextWatchRepair's
+theme. A customer's watch has stopped:
 
 - **Thinker** (turn 1). Its observation holds the watch's private service record: the brand (one of
   four) and its history (one of four). It answers with a short note, any text; the note is cut to

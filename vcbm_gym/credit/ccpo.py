@@ -1,8 +1,8 @@
 """Credit between two agents: CCPO, SEPO and the Shapley form, as pure array functions.
 
-Z. Li et al., "Counterfactual Credit for Policy Optimization" (CCPO) and "Self-Evaluated Credit for Policy
-Optimization" (SEPO), arXiv 2603.21563, with the reference code bhai114/ccpo (its two-model trainers); the
-equations as SPEC.md section 10 gives them. A Thinker writes a thought, a Solver answers, a verifier scores the
+Z. Li et al., arXiv 2603.21563: Counterfactual Credit for Policy Optimization (CCPO) and Self-Evaluated Credit
+for Policy Optimization (SEPO), with the reference code bhai114/ccpo (its two-model trainers); the equations as
+SPEC.md section 10 gives them. A Thinker writes a thought, a Solver answers, a verifier scores the
 answer R in {-1, +1}. Each function maps a batch of such episodes, one row each, to per-role rewards or
 advantages; rows of one prompt share a group id (the prompt's n thoughts). docs/papers/ccpo.md lists where each
 equation lives and the choices made where the paper or its code is ambiguous.
