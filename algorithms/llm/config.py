@@ -21,6 +21,11 @@ Names that could be confused:
   (as at the turn limit), marked in the `token_bound_rate` metric; a first prompt that already
   fills it is refused. None (the default) bounds by the model's context length
   (`config.max_position_embeddings`), and leaves the sequence unbounded for a model that reports none.
+- `objective` is the base objective around the credit rule's advantages (docs/papers/base_objectives.md):
+  `ppo_clip` (Eq. 7-8, the default), `gspo` (GSPO's sequence ratio; its paper's clip range is `epsilon: 3.0e-4`,
+  `epsilon_high: 4.0e-4`, set like any other setting, as in TRL) or `reinforce_pp` (REINFORCE++'s global advantage
+  normalisation). It is recorded in config.yml only when set, so the runs from before it keep their config hash.
+  `epsilon_high` (TRL's upper clip range, None: `epsilon`) applies to every objective.
 - `max_turns` is the trainer's turn limit; it must be at least the env's own (`max_turns`, or
   AppWorld's `max_interactions`), which the trainer checks when it makes the envs: a shorter
   limit would cut every episode before its reward.
@@ -36,6 +41,7 @@ from trl import GRPOConfig
 
 from algorithms.common.credit_slot import CreditFit, CreditSlot
 from algorithms.common.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, Validated
+from algorithms.llm.loss import OBJECTIVES
 from algorithms.llm.prompting import WITH_ONE_SHOT
 from vcbm_gym.credit.base import ADVANTAGES
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES as RATIO_SHARING
@@ -214,6 +220,7 @@ class LoopConfig(MultiTurnGRPOConfig):
     # EMPO ratio sharing (docs/papers/empo.md)
     ratio_sharing: str = field(default="none", metadata={"help": "none, effect (EMPO cells) or random (ablation)"})
     length_norm: bool = field(default=True, metadata={"help": "EMPO: length-normalised response ratios"})
+    objective: str = field(default="ppo_clip", metadata={"help": f"base objective, one of {OBJECTIVES}"})
 
     # LOOP defaults where TRL's differ
     epsilon: float = 0.1
@@ -233,6 +240,13 @@ class LoopConfig(MultiTurnGRPOConfig):
         credit_slot(self.credit, self.credit_kwargs).check(LLM_CREDIT)  # the run builds the rule itself
         if self.ratio_sharing not in RATIO_SHARING:
             raise ValueError(f"ratio_sharing={self.ratio_sharing!r}: expected one of {RATIO_SHARING}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective={self.objective!r}: expected one of {OBJECTIVES}")
+        if self.objective == "gspo" and self.ratio_sharing != "none":
+            raise ValueError(
+                f"objective='gspo' with ratio_sharing={self.ratio_sharing!r}: GSPO's sequence ratio replaces the "
+                "per-token ratio that EMPO shares; expected ratio_sharing: none"
+            )
         if self.beta != 0.0:
             raise ValueError(
                 f"beta={self.beta}: LOOP has no KL penalty; the Eq. 14 blend weight is "

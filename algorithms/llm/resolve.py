@@ -127,6 +127,11 @@ def settled_mapping(algo: str, mapping: Mapping[str, Any]) -> dict[str, Any]:
             f"credit={mapping.get('credit')!r} for algo {algo!r}: trl-grpo keeps TRL's own group advantage; "
             f"expected --algo loop or vcbm-loop for a credit rule"
         )
+    if algo not in DEFAULT_CREDIT and "objective" in mapping:
+        raise ConfigError(
+            f"objective={mapping['objective']!r} for algo {algo!r}: trl-grpo keeps TRL's own loss; expected --algo loop "
+            "or vcbm-loop, or TRL's own importance_sampling_level: sequence (its GSPO)"
+        )
     import torch
 
     overrides = mapping.get("cpu_overrides") or {}

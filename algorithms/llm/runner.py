@@ -68,6 +68,7 @@ from algorithms.llm.config import (
     LLM_BATCH_PROVIDES,
     LLM_CREDIT,
     LLM_INFO_PROVIDES,
+    OBJECTIVES,
     TINY_MODELS,
     LLMConfig,
 )
@@ -183,12 +184,18 @@ class LLMArm(Arm):
         defaults = ", ".join(f"{algo}: {rule}" for algo, rule in DEFAULT_CREDIT.items())
         group.add_argument("--credit", default=None, help=f"credit rule, one of: {', '.join(RULES)} ({defaults})")
         group.add_argument("--no-length-norm", action="store_true", help="EMPO ablation: unnormalised response ratios")
+        group.add_argument(
+            "--objective",
+            choices=OBJECTIVES,
+            default=None,
+            help="base objective (docs/papers/base_objectives.md; default ppo_clip)",
+        )
 
     def flag_hyperparams(self, args: argparse.Namespace) -> dict[str, Any]:
         """The flags as hyperparameters: `algorithms.train` folds them into the one resolved config
         (so config.yml and the config hash record them) before anything runs."""
         out: dict[str, Any] = {}
-        for flag in ("model", "iterations", "checkpoint_every", "ratio_sharing", "credit"):
+        for flag in ("model", "iterations", "checkpoint_every", "ratio_sharing", "credit", "objective"):
             if getattr(args, flag, None) is not None:
                 out[flag] = getattr(args, flag)
         if getattr(args, "no_length_norm", False):

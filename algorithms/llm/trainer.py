@@ -19,7 +19,9 @@ Two trainers:
    batch at the end of its iteration, and only if the iteration is kept.
 3. `_compute_loss` is the per-token PPO-clip of Eq. 7-8 (eps 0.1, no critic, no KL penalty),
    averaged over the generated tokens of the generation batch, optionally with EMPO's shared
-   ratios (docs/papers/empo.md). It estimates the KL to the rollout policy; above `kl_abort` nats the whole
+   ratios (docs/papers/empo.md); `objective` (`_policy_loss`) replaces it by GSPO's sequence ratio, or
+   normalises the rule's advantages over the whole batch first for REINFORCE++ (`token_advantages`;
+   docs/papers/base_objectives.md). It estimates the KL to the rollout policy; above `kl_abort` nats the whole
    iteration is discarded: its remaining micro-batches contribute nothing and, at its end, the
    trainable weights and optimizer state return to their values before the iteration.
 4. `_get_grad_norm` counts outlier-gradient events; `_save_checkpoint` adds the credit rule's
@@ -52,7 +54,14 @@ from algorithms.common.errors import ConfigError
 from algorithms.llm.batch import context_keys, episode_batch, gather_episode_batch
 from algorithms.llm.checkpoints import load_loop_state, save_loop_state
 from algorithms.llm.config import LLM_CREDIT, LoopConfig, credit_slot
-from algorithms.llm.loss import kl_old_new, ppo_clip_token_loss, token_ratios
+from algorithms.llm.loss import (
+    global_normalized_advantages,
+    gspo_token_ratios,
+    kl_old_new,
+    ppo_clip_token_loss,
+    sequence_mean_loss,
+    token_ratios,
+)
 from algorithms.llm.metrics import local_rollout_record, rollout_metrics, rule_numbers
 from algorithms.llm.old_logps import FirstEpochOldLogps
 from algorithms.llm.rollout import CachedGeneration, Episode, full_attention_only, hf_generate, play_episodes
@@ -325,6 +334,8 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         full, start = gather_episode_batch(self.accelerator, batch)
         self._pending_observe = full
         advantages = credit_of(self.credit_rule, full)
+        if self.args.objective == "reinforce_pp":  # over every process's tokens: REINFORCE++'s batch is the global one
+            advantages = global_normalized_advantages(advantages, full.mask)
         return advantages[start : start + batch.batch_size, : batch.rewards.shape[1]]
 
     def _cells(self, episodes: list[Episode]) -> np.ndarray:
@@ -350,16 +361,7 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         logps, _, _ = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, completion_ids.size(1))
         old = inputs.get("old_per_token_logps")
         old = logps.detach() if old is None else old
-
-        ratio = token_ratios(
-            logps, old, mask, self.args.ratio_sharing, inputs.get("turn_ids"), inputs.get("cell_ids"), self.args.length_norm
-        )  # Eq. 7 (or EMPO's shared ratios)
-        per_token = ppo_clip_token_loss(ratio, inputs["advantages"], self.args.epsilon)  # Eq. 8
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            per_token = per_token * inputs["importance_sampling_ratio"]
-        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-        normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-        loss = (per_token * mask).sum() / normalizer
+        loss = self._policy_loss(logps, old, mask, inputs)
 
         kl = self._record_drift(old, logps.detach(), mask)
         if kl > self.args.kl_abort and not self._aborted:
@@ -367,6 +369,28 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         if self._aborted:
             return loss * 0.0  # the iteration is discarded; _end_iteration restores the weights
         return loss
+
+    def _policy_loss(self, logps: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, inputs) -> torch.Tensor:
+        """The micro-batch's share of the generation batch's loss under `objective` (docs/papers/base_objectives.md).
+
+        ppo_clip and reinforce_pp (its advantages already normalised): Eq. 7's ratio (or EMPO's), Eq. 8, averaged
+        over the generation batch's generated tokens. gspo: GSPO-token's sequence ratio, each sequence's token mean,
+        averaged over the generation batch's sequences (TRL's loss_type "grpo" aggregation). Both clip at
+        [1 - epsilon, 1 + epsilon_high] (TRL's epsilon_low / epsilon_high).
+        """
+        if self.args.objective == "gspo":
+            ratio = gspo_token_ratios(logps, old, mask)
+        else:  # Eq. 7 (or EMPO's shared ratios)
+            turn_ids, cell_ids = inputs.get("turn_ids"), inputs.get("cell_ids")
+            ratio = token_ratios(logps, old, mask, self.args.ratio_sharing, turn_ids, cell_ids, self.args.length_norm)
+        per_token = ppo_clip_token_loss(ratio, inputs["advantages"], self.epsilon_low, self.epsilon_high)  # Eq. 8
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            per_token = per_token * inputs["importance_sampling_ratio"]
+        if self.args.objective == "gspo":  # every micro-batch holds per_device_train_batch_size of the sequences
+            return sequence_mean_loss(per_token, mask) / self.current_gradient_accumulation_steps
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+        return (per_token * mask).sum() / normalizer
 
     @torch.no_grad()
     def _record_drift(self, old: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor) -> float:
