@@ -4,10 +4,15 @@ autograd and finite differences of J, and each estimator's mean against the exac
 
 from __future__ import annotations
 
+import importlib.util
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+from algorithms.common.errors import VcbmGymError
 from envs.credit_tree import CreditTreeEnv
 from envs.key_to_door import LinearKeyToDoorEnv
 from vcbm_gym.exact_gradient import (
@@ -15,6 +20,7 @@ from vcbm_gym.exact_gradient import (
     credit_tree_mdp,
     evaluate_policy,
     exact_policy_gradient,
+    expected_critic_gradient,
     expected_return,
     key_to_door_mdp,
     sample_episodes,
@@ -215,3 +221,49 @@ def test_a_baseline_and_a_critic_cut_the_variance_on_the_conveyor():
         name: variance_db(_estimates(name, CONVEYOR, logits, episodes, None), exact) for name in UNBIASED[:2] + UNBIASED[3:]
     }
     assert scores["reinforce"] > scores["advantage_exact"] + 3 > scores["q_critic_exact"] + 3
+
+
+@pytest.mark.parametrize("mdp", [SLIPPERY_TREE, CONVEYOR], ids=["tree", "conveyor"])
+def test_the_critic_estimators_expectation_for_a_learned_q(mdp):
+    """With Q_hat = Q it is the exact gradient; with a Q fitted on few episodes it is what the estimates average to
+    (within 4.5 standard errors), and not the exact gradient: a learned critic is biased."""
+    logits = _logits(mdp, 6)
+    _, exact = exact_policy_gradient(mdp, logits)
+    policy = softmax_policy(logits)
+    np.testing.assert_allclose(expected_critic_gradient(mdp, logits, evaluate_policy(mdp, policy)[1]), exact, atol=1e-15)
+    rng = np.random.default_rng(7)
+    few = sample_episodes(mdp, logits, 30, rng)
+    learned = fit_action_values(few.states, few.actions, few.rewards, few.mask, mdp.n_states, mdp.n_actions)
+    episodes = sample_episodes(mdp, logits, 20_000, rng)
+    estimates = q_critic_gradients(policy, episodes.states, episodes.mask, learned)
+    expected = expected_critic_gradient(mdp, logits, learned)
+    assert _max_z(estimates, expected) < 4.5
+    assert _max_z(estimates, exact) > 10
+
+
+def _benchmark():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "exact_gradient.py"
+    spec = importlib.util.spec_from_file_location("exact_gradient_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_at_a_tiny_budget(tmp_path):
+    """Every (length, scope, estimator, n) row, scored per seed; unbiased estimators at -inf bias (the analytic E
+    g_hat), the learned critic biased; more episodes per estimate, less variance; bad input is one line."""
+    benchmark = _benchmark()
+    out = tmp_path / "eg.json"
+    argv = ["--lengths", "23,43", "--episodes", "1,4", "--estimates", "8", "--seeds", "2", "--critic-episodes", "16"]
+    result = benchmark.run([*argv, "--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert len(saved["rows"]) == 2 * 2 * len(benchmark.ESTIMATORS) * 2 and saved["settings"]["seeds"] == 2
+    rows = {(r["length"], r["scope"], r["estimator"], r["episodes"]): r for r in result["rows"]}
+    assert rows[(23, "all_states", "reinforce", 1)]["bias_db"]["estimate"] == -benchmark.LIMIT_DB
+    assert -benchmark.LIMIT_DB < rows[(23, "all_states", "q_critic_learned", 1)]["bias_db"]["estimate"] < benchmark.LIMIT_DB
+    for estimator in ("reinforce", "advantage", "q_critic"):
+        variance = [rows[(43, "all_states", estimator, n)]["variance_db"]["estimate"] for n in (1, 4)]
+        assert variance[1] < variance[0] - 3  # 4 episodes: about 6 dB less
+    assert "| 23 | first_state | `q_critic` | 1 | -inf | -inf | inf |" in result["table"]
+    with pytest.raises(VcbmGymError, match=r"--lengths: \[24\] are not COCOA's conveyor lengths"):
+        benchmark.run(["--lengths", "24", "--out", str(out)])

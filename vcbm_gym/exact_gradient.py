@@ -12,6 +12,8 @@ softmax(logits[s])_a with one row of logits per MDP state:
 - `exact_policy_gradient`: J = mu . V and dJ / dlogits[s, a] = d(s) pi(a | s) (Q(s, a) - V(s)), d(s) the expected
   number of visits to s in an episode: the policy gradient theorem (Sutton et al. 2000, Thm. 1, episodic
   undiscounted) with the softmax's d pi(a | s) / d logits[s, b] = pi(a | s) (1[a = b] - pi(b | s)).
+- `expected_critic_gradient`: the expectation of the critic estimator for a given (learned) Q, COCOA's analytic
+  E g_hat.
 - `sample_episodes`: episodes of the MDP itself, as padded arrays (the estimators' input,
   vcbm_gym/gradient_estimators.py).
 - `key_to_door_mdp`, `credit_tree_mdp`: the exact MDPs of LinearKeyToDoor-v0 and CreditTree-v0, built from the
@@ -156,6 +158,16 @@ def exact_policy_gradient(mdp: TabularMDP, logits: np.ndarray) -> tuple[float, n
     values, q_values = evaluate_policy(mdp, policy)
     visits = expected_visits(mdp, policy)
     return float(mdp.initial @ values), visits[:, None] * policy * (q_values - values[:, None])
+
+
+def expected_critic_gradient(mdp: TabularMDP, logits: np.ndarray, q_values: np.ndarray) -> np.ndarray:
+    """E of the all-actions critic estimator sum_t sum_a grad pi(a | s_t) Q_hat(s_t, a) for a fixed critic Q_hat:
+    d(s) pi(a | s) (Q_hat(s, a) - pi(. | s) . Q_hat(s, .)) (COCOA `expected_advantage` through
+    `get_policy_gradient_mean`). The exact gradient when Q_hat = Q; the score-function estimators with any state
+    baseline have expectation exact_policy_gradient itself."""
+    policy = softmax_policy(np.asarray(logits, dtype=np.float64))
+    visits = expected_visits(mdp, policy)
+    return visits[:, None] * policy * (q_values - (policy * q_values).sum(-1, keepdims=True))
 
 
 @dataclass(frozen=True)
