@@ -4,7 +4,7 @@
         [--episodes 1,8,64] [--estimates 128] [--critic-episodes 256] [--seeds 30] [--logit-scale 1.0]
         [--random-layout] [--out benchmarks/results/exact_gradient.json]
 
-Meulemans et al., NeurIPS 2023 (COCOA), Fig. 4 and App.: bias, variance and SNR in dB of each estimator's
+Meulemans et al., NeurIPS 2023 (COCOA; arXiv:2306.16803): bias, variance and SNR in dB of each estimator's
 gradient against the exact one (vcbm_gym/gradient_estimators.py: `bias_db`, `variance_db`, `snr_db`;
 docs/papers/cocoa.md). For each seed and length: a tabular softmax policy, logits ~ N(0, logit_scale^2) per
 state and action (the seed's policy: COCOA scores estimators at the policies its runs pass through); its exact

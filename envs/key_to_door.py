@@ -1,7 +1,7 @@
 """LinearKeyToDoor-v0: COCOA's linear key-to-door conveyor (issue 34, item 3; docs/papers/cocoa.md).
 
 Meulemans et al., NeurIPS 2023, "Would I have gotten that reward? Long-term credit assignment by
-counterfactual contribution analysis", Sec. 5 and App. (the "treasure conveyor"; code seijin-kobayashi/cocoa,
+counterfactual contribution analysis", arXiv:2306.16803 (the "treasure conveyor"; code seijin-kobayashi/cocoa,
 `ccoa/envs/treasure_conveyor.py`, with the settings of `configs/canonical_conveyorlength_performance.py`).
 
 The agent rides a conveyor of `length` cells, one cell per step, and acts once on each cell, so an episode is
@@ -40,7 +40,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-LENGTHS = (23, 43, 63, 83, 103)  # COCOA's conveyor lengths (Fig. 3, 4)
+LENGTHS = (23, 43, 63, 83, 103)  # COCOA's conveyor lengths (SPEC.md Sec. 9; its length sweeps)
 PICK_KEY, PICK_LEFT, PICK_RIGHT, OPEN_DOOR = 0, 1, 2, 3
 EMPTY, APPLE_LEFT, APPLE_RIGHT, DOOR, KEY, TREASURE = 0, 1, 2, 3, 4, 5
 N_CELLS = 6
