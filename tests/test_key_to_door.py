@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
 import vcbm_gym  # noqa: F401 (registers the envs)
 from envs.credit_tree import CreditTreeEnv
@@ -52,8 +53,9 @@ def _greedy(key: bool, door: bool, apples: bool):
 
 
 @pytest.mark.parametrize("env_id", ["LinearKeyToDoor-v0", "CreditTree-v0"])
-def test_make_and_the_gymnasium_checker_pass(env_id):
+def test_make_and_the_env_checkers_pass(env_id):
     gym_check_env(gym.make(env_id).unwrapped)
+    sb3_check_env(gym.make(env_id).unwrapped)
 
 
 @pytest.mark.parametrize("kwargs", [dict(random_layout=True, length=43), dict(length=103)])
@@ -137,6 +139,9 @@ def test_the_tree_pays_its_leaf_once_at_the_end_and_slips():
     assert env.step(0)[:3] == (1, 0.0, False)
     node, reward, done, _, info = env.step(1)
     assert (node, reward, done, info) == (4, 1.0, True, {"first_decision_optimal": True, "is_success": True})
+    env.reset(seed=0)
+    env.step(1)
+    assert env.step(0)[1:] == (0.5, True, False, {"first_decision_optimal": False, "is_success": False})
     slippery, reached = CreditTreeEnv(slip=0.5), []
     for seed in range(40):
         slippery.reset(seed=seed)

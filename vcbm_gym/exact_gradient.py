@@ -217,7 +217,7 @@ class _Builder:
         return self.index[key]
 
     def build(self, initial_key: tuple[int, ...], terminal, successors, horizon: int) -> TabularMDP:
-        """successors(key, action) -> [(next key, probability, {reward: probability})]."""
+        """successors(key, action) -> [(next key, probability, {reward: probability})], each next key once."""
         self.state(initial_key)
         while self.queue:
             key = self.queue.popleft()
@@ -229,8 +229,10 @@ class _Builder:
         n = len(self.index)
         transitions, reward_probs = np.zeros((n, self.n_actions, n)), np.zeros((n, self.n_actions, n, len(values)))
         reward_probs[..., np.searchsorted(values, 0.0)] = 1.0  # (s, a, s') never reached: any law will do
+        if len({edge[:3] for edge in self.edges}) < len(self.edges):
+            raise ValueError("successors listed one next state twice for the same (state, action): merge them")
         for s, a, s_next, prob, rewards in self.edges:
-            transitions[s, a, s_next] += prob
+            transitions[s, a, s_next] = prob
             reward_probs[s, a, s_next] = 0.0
             for reward, p in rewards.items():
                 reward_probs[s, a, s_next, np.searchsorted(values, reward)] += p

@@ -8,8 +8,10 @@ per-step "contribution" C_t, as COCOA writes them (`ccoa/contribution/reinforce.
 - `advantage_gradients`: the same with G_t - V(s_t) (COCOA's "advantage": a baseline, exact or learned);
 - `q_critic_gradients`: C_t(a) = Q(s_t, a) for every action, the all-actions form of COCOA's `qnet`
   contribution (exact or learned Q; subtracting V changes nothing, sum_a d pi(a | s) = 0).
-Each is unbiased where its value (or Q) is exact, or learned on other episodes than the ones it weighs;
-`fit_state_values` / `fit_action_values` learn them (Monte Carlo means per state / per pair).
+REINFORCE is unbiased; the advantage estimator too for any state value, exact or learned on other episodes than
+the ones it weighs; the critic only with the exact Q (a learned Q's bias is `expected_critic_gradient` minus the
+exact gradient, vcbm_gym/exact_gradient.py). `fit_state_values` / `fit_action_values` learn V and Q (Monte Carlo
+means per state / per pair).
 
 Scores (COCOA `callback.py`, `get_metrics`; SPEC.md Sec. 9), for a stack of estimates g_hat of the exact g:
 - `bias_db` = 20 log10(||g - E g_hat|| / ||g||);
