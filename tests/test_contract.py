@@ -24,11 +24,15 @@ NEEDED = {
     "SetRetrieval-v0": ("casi",),
     "TextSetRetrieval-v0": ("casi",),
     "ContextMatch-v0": (),
+    "LinearKeyToDoor-v0": (),
+    "CreditTree-v0": (),
     **{env_id: () for env_id in vcbm_gym.DELAYED_ENV_IDS},
 }
 EVALUATION = {
     "WatchRepair-v0": {"first_decision_optimal", "is_success"},
     "ContextMatch-v0": {"first_decision_optimal", "is_success"},
+    "LinearKeyToDoor-v0": {"first_decision_optimal", "is_success"},
+    "CreditTree-v0": {"first_decision_optimal", "is_success"},
     "TextWatchRepair-v0": {"first_decision_optimal", "task_goal_completion", "is_decision_turn"},
     "TextWatchWorkshop-v0": {"first_decision_optimal", "task_goal_completion", "is_decision_turn"},
     "TextThinkSolve-v0": {"first_decision_optimal", "task_goal_completion", "is_decision_turn"},

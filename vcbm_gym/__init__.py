@@ -38,6 +38,9 @@ _ENVS = {
     "TextSetRetrieval-v0": dict(entry_point="envs.set_retrieval:TextSetRetrievalEnv"),
     "AppWorld-v0": dict(entry_point="envs.appworld.env:AppWorldEnv"),
     "ContextMatch-v0": dict(entry_point="envs.context_match:ContextMatchEnv"),  # VCBM's context test (issue 36)
+    # COCOA's exact-gradient test beds (issue 34; docs/papers/cocoa.md)
+    "LinearKeyToDoor-v0": dict(entry_point="envs.key_to_door:LinearKeyToDoorEnv"),
+    "CreditTree-v0": dict(entry_point="envs.credit_tree:CreditTreeEnv"),
 }
 # Gymnasium tasks given a delayed reward: the same spec (entry point, time limit, kwargs), with
 # DelayedReward applied after the time limit, so that a truncated episode is paid too.

@@ -1,0 +1,224 @@
+"""Policy-gradient estimators scored against the exact gradient on LinearKeyToDoor (COCOA's measure; issue 34 item 3).
+
+    python benchmarks/exact_gradient.py [--lengths 23,63,103] [--estimators reinforce,advantage,...]
+        [--episodes 1,8,64] [--estimates 128] [--critic-episodes 256] [--seeds 30] [--logit-scale 1.0]
+        [--random-layout] [--out benchmarks/results/exact_gradient.json]
+
+Meulemans et al., NeurIPS 2023 (COCOA; arXiv:2306.16803): bias, variance and SNR in dB of each estimator's
+gradient against the exact one (vcbm_gym/gradient_estimators.py: `bias_db`, `variance_db`, `snr_db`;
+docs/papers/cocoa.md). For each seed and length: a tabular softmax policy, logits ~ N(0, logit_scale^2) per
+state and action (the seed's policy: COCOA scores estimators at the policies its runs pass through); its exact
+gradient (vcbm_gym.exact_gradient); then for each episode count n, `--estimates` independent estimates, each the
+mean of n per-episode gradients (episodes of the exact MDP, `sample_episodes`), and the three scores of that stack.
+E g_hat is COCOA's analytic one: the exact gradient for REINFORCE and the advantage estimators (a state baseline
+adds no bias), `expected_critic_gradient` for the critics, so bias is exactly -inf dB for an unbiased estimator and
+variance is about the estimator, not about the finite stack. A score beyond +-200 dB is shown as -inf / inf
+(zero up to rounding: the exact critic at the first state, visited once per episode, has no variance). Learned
+critics (`advantage_learned`: V; `q_critic_learned`: Q) are Monte Carlo means fitted per seed on `--critic-episodes`
+separate episodes. Two scopes: every state's logits, and the first
+state's only (the key decision; COCOA's `policy_var_first_state_only`, its canonical figures' setting). The table
+reports the mean over seeds with a 95% bootstrap CI (algorithms.experiment.stats.aggregate_estimates).
+
+Budget: the defaults (3 lengths, 5 estimators, n in {1, 8, 64}, 128 estimates, i.e. 8,192 episodes per seed and
+length, 30 seeds) took 3.0 s for one seed (0.2, 0.8 and 2.0 s at L = 23, 63, 103; --seeds 1, one core shared with
+another job, niced), so about 1.5 minutes in all. tests/test_exact_gradient.py runs a tiny budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from algorithms.common import provenance
+from algorithms.common.cli import ArgumentParser, atomic_write_json, check_int, check_output_dir, main, output_dir
+from algorithms.common.errors import VcbmGymError
+from algorithms.experiment.stats import aggregate_estimates
+from envs.key_to_door import LENGTHS, LinearKeyToDoorEnv
+from vcbm_gym.exact_gradient import (
+    TabularMDP,
+    evaluate_policy,
+    exact_policy_gradient,
+    expected_critic_gradient,
+    key_to_door_mdp,
+    sample_episodes,
+    softmax_policy,
+)
+from vcbm_gym.gradient_estimators import (
+    advantage_gradients,
+    bias_db,
+    fit_action_values,
+    fit_state_values,
+    q_critic_gradients,
+    reinforce_gradients,
+    snr_db,
+    variance_db,
+)
+
+ESTIMATORS = ("reinforce", "advantage", "advantage_learned", "q_critic", "q_critic_learned")
+SCORES = ("bias_db", "variance_db", "snr_db")
+LIMIT_DB = 200.0  # |dB| beyond this is rounding: the quantity is zero
+SCOPES = ("all_states", "first_state")
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "exact_gradient.json"
+
+
+def per_episode_gradients(name: str, mdp: TabularMDP, logits: np.ndarray, episodes, critic_episodes):
+    """(one gradient estimate per episode (N, S, A), its exact expectation (S, A)) of estimator `name`.
+
+    The expectation is COCOA's analytic E g_hat: the exact gradient for the score-function estimators (any state
+    baseline leaves it unbiased), `expected_critic_gradient` for a critic given its Q."""
+    policy = softmax_policy(logits)
+    e, c = episodes, critic_episodes
+    _, exact = exact_policy_gradient(mdp, logits)
+    values, q_values = evaluate_policy(mdp, policy)
+    if name == "reinforce":
+        return reinforce_gradients(policy, e.states, e.actions, e.rewards, e.mask), exact
+    if name.startswith("advantage"):
+        if name == "advantage_learned":
+            values = fit_state_values(c.states, c.rewards, c.mask, mdp.n_states)
+        return advantage_gradients(policy, e.states, e.actions, e.rewards, e.mask, values), exact
+    if name == "q_critic_learned":
+        q_values = fit_action_values(c.states, c.actions, c.rewards, c.mask, mdp.n_states, mdp.n_actions)
+    return q_critic_gradients(policy, e.states, e.mask, q_values), expected_critic_gradient(mdp, logits, q_values)
+
+
+def clipped(db: float) -> float:
+    """A dB score within +-LIMIT_DB: beyond it the quantity is zero up to floating-point rounding (an exact critic at
+    a state every episode visits once has no variance; an unbiased estimator's bias is exactly 0: -inf)."""
+    return float(np.clip(db, -LIMIT_DB, LIMIT_DB))
+
+
+def scores_of_seed(mdp: TabularMDP, args: argparse.Namespace, seed: int) -> dict[tuple[str, int, str], dict[str, float]]:
+    """{(estimator, n, scope): {score: dB}} for one seed's policy and episodes."""
+    rng = np.random.default_rng(seed)
+    logits = args.logit_scale * rng.normal(size=(mdp.n_states, mdp.n_actions))
+    _, exact = exact_policy_gradient(mdp, logits)
+    n_max = max(args.episodes)
+    episodes = sample_episodes(mdp, logits, n_max * args.estimates, rng)
+    critic_episodes = sample_episodes(mdp, logits, args.critic_episodes, rng)
+    start = int(np.argmax(mdp.initial))
+    out = {}
+    for name in args.estimators:
+        grads, expected = per_episode_gradients(name, mdp, logits, episodes, critic_episodes)
+        for n in args.episodes:
+            # estimate i averages episodes i * n_max .. i * n_max + n - 1: every n draws from the same episodes
+            stack = grads.reshape(args.estimates, n_max, *grads.shape[1:])[:, :n].mean(axis=1)
+            for scope in SCOPES:
+                rows = slice(None) if scope == "all_states" else start
+                part, g, mean = stack[:, rows], exact[rows], expected[rows]
+                out[(name, n, scope)] = {
+                    "bias_db": clipped(bias_db(part, g, expected=mean)),
+                    "variance_db": clipped(variance_db(part, g, expected=mean)),
+                    "snr_db": clipped(snr_db(part, g)),
+                }
+    return out
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = ArgumentParser(prog="benchmarks/exact_gradient.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lengths", default="23,63,103", help=f"conveyor lengths, from {LENGTHS}")
+    parser.add_argument("--estimators", default=",".join(ESTIMATORS), help=f"comma-separated, from {ESTIMATORS}")
+    parser.add_argument("--episodes", default="1,8,64", help="episodes per estimate (COCOA's batch: 8)")
+    parser.add_argument("--estimates", type=int, default=128, help="independent estimates per seed and episode count")
+    parser.add_argument("--critic-episodes", type=int, default=256, help="episodes the learned V and Q are fitted on")
+    parser.add_argument("--seeds", type=int, default=30, help="COCOA: 30")
+    parser.add_argument("--logit-scale", type=float, default=1.0, help="the policy's logits ~ N(0, scale^2)")
+    parser.add_argument("--random-layout", action="store_true", help="a fresh apple layout per episode")
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="JSON output file")
+    args = parser.parse_args(argv)
+    args.lengths = _int_list(args.lengths, "--lengths")
+    if bad := [length for length in args.lengths if length not in LENGTHS]:
+        raise VcbmGymError(f"--lengths: {bad} are not COCOA's conveyor lengths {LENGTHS}")
+    args.estimators = [name.strip() for name in args.estimators.split(",") if name.strip()]
+    if not args.estimators or (bad := [name for name in args.estimators if name not in ESTIMATORS]):
+        raise VcbmGymError(f"--estimators {args.estimators}: expected names from {', '.join(ESTIMATORS)}")
+    args.episodes = sorted(set(_int_list(args.episodes, "--episodes")))
+    if args.episodes[0] < 1:
+        raise VcbmGymError(f"--episodes {args.episodes}: expected counts >= 1")
+    check_int(args.estimates, "--estimates", 2)
+    check_int(args.critic_episodes, "--critic-episodes", 1)
+    check_int(args.seeds, "--seeds", 1, 10_000)
+    if not np.isfinite(args.logit_scale) or args.logit_scale < 0:
+        raise VcbmGymError(f"--logit-scale {args.logit_scale}: expected a finite number >= 0")
+    if Path(args.out).is_dir():
+        raise VcbmGymError(f"--out {args.out!r} is a directory: expected a JSON file path")
+    check_output_dir(Path(args.out).parent, "--out's folder")
+    return args
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise VcbmGymError(f"{option} {text!r}: expected comma-separated integers") from None
+    if not values:
+        raise VcbmGymError(f"{option} {text!r}: expected at least one integer")
+    return values
+
+
+def markdown_table(rows: list[dict[str, Any]], seeds: int) -> str:
+    def cell(entry: dict[str, float | None]) -> str:
+        if abs(entry["estimate"]) >= LIMIT_DB:
+            return "-inf" if entry["estimate"] < 0 else "inf"
+        if entry["ci_low"] is None:
+            return f"{entry['estimate']:.1f}"
+        return f"{entry['estimate']:.1f} [{entry['ci_low']:.1f}, {entry['ci_high']:.1f}]"
+
+    lines = [
+        f"Policy-gradient estimators against the exact gradient on LinearKeyToDoor (dB; mean over {seeds} seeds, 95% "
+        "bootstrap CI; bias and variance: lower is better, SNR: higher is better)",
+        "",
+        "| L | Scope | Estimator | Episodes | Bias dB | Variance dB | SNR dB |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        scores = " | ".join(cell(row[score]) for score in SCORES)
+        lines.append(f"| {row['length']} | {row['scope']} | `{row['estimator']}` | {row['episodes']} | {scores} |")
+    return "\n".join(lines)
+
+
+def run(argv: list[str]) -> dict[str, Any]:
+    args = parse(argv)
+    started = provenance.start()
+    rows, seconds = [], {}
+    for length in args.lengths:
+        mdp = key_to_door_mdp(LinearKeyToDoorEnv(length=length, random_layout=args.random_layout))
+        clock = time.perf_counter()
+        per_seed = [scores_of_seed(mdp, args, seed) for seed in range(args.seeds)]
+        seconds[length] = (time.perf_counter() - clock) / args.seeds
+        print(f"L={length}: {seconds[length]:.1f} s per seed", file=sys.stderr)
+        for key in per_seed[0]:
+            name, n, scope = key
+            row: dict[str, Any] = {"length": length, "scope": scope, "estimator": name, "episodes": n}
+            for score in SCORES:
+                values = [seed_scores[key][score] for seed_scores in per_seed]
+                row[score] = {**aggregate_estimates(values)["mean"], "per_seed": values}
+            rows.append(row)
+    rows.sort(
+        key=lambda row: (row["length"], SCOPES.index(row["scope"]), args.estimators.index(row["estimator"]), row["episodes"])
+    )
+    table = markdown_table(rows, args.seeds)
+    print(table)
+    result = {
+        "env": "LinearKeyToDoor-v0",
+        "random_layout": args.random_layout,
+        "settings": {
+            k: getattr(args, k)
+            for k in ("lengths", "estimators", "episodes", "estimates", "critic_episodes", "seeds", "logit_scale")
+        },
+        "seconds_per_seed": seconds,
+        "rows": rows,
+        "table": table,
+        "run": provenance.run_record("python benchmarks/exact_gradient.py", argv, started),
+    }
+    output_dir(Path(args.out).parent, "--out's folder")
+    atomic_write_json(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main(run))
