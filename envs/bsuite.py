@@ -22,6 +22,14 @@ every experiment by a `bsuite_id`, "<experiment>/<setting index in the experimen
   into the same directory fails at its first logged episode instead of mixing the two runs.
   `algorithms/bsuite_score.py` scores such directories with bsuite's own analysis.
 
+`snapshot()` / `restore(state, outcome_seed)` (envs/snapshot.py): bsuite's raw environments are plain Python
+objects (ints, arrays and a legacy `RandomState`), so a snapshot is a copy of the raw env's attributes (through
+pickle) with the adapter's own. bsuite draws everything from that one `RandomState` (umbrella's coin-flip
+rewards and distractors, a memory chain's context at reset), so an outcome seed replaces it: the rest of the
+episode and every later one come from a `RandomState` seeded from the outcome seed. An env that writes bsuite's
+CSV log refuses `restore` (the log must count each episode once, in order): branch a copy built without
+`log_dir`.
+
 An id it does not know is one `BSuiteIdError` line naming the experiment's settings (`bsuite_id_problem`;
 `env_id_problem` for an env id such as `bsuite:umbrella_length/23`), and `BSuite-v0` without a bsuite_id says
 that one is required.
@@ -40,6 +48,8 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from envs.snapshot import SnapshotError, SnapshotMixin
 
 SEPARATOR = "/"  # bsuite.sweep.SEPARATOR
 EXAMPLE_ID = "umbrella_length/9"
@@ -246,7 +256,7 @@ class BSuiteParams:
     horizon: int
 
 
-class BSuiteEnv(gym.Env):
+class BSuiteEnv(SnapshotMixin, gym.Env):
     """One bsuite setting (`bsuite_id`, e.g. 'umbrella_length/9') as a Gymnasium env; see the module docstring.
 
     `log_dir`: write bsuite's CSV log of this run there (one directory per run; or later, before the first
@@ -255,6 +265,7 @@ class BSuiteEnv(gym.Env):
     """
 
     metadata = {"render_modes": []}
+    snapshot_fields = ("_started", "_running", "_first_action", "_optimal_first_action")
 
     def __init__(
         self,
@@ -329,6 +340,27 @@ class BSuiteEnv(gym.Env):
     def _observation(self, raw_observation: Any) -> np.ndarray:
         flat = np.asarray(raw_observation, dtype=np.float32).reshape(-1)
         return self._layout.to_grid(self._raw, flat) if self.integer_observations else flat.copy()
+
+    def snapshot_identity(self) -> tuple:
+        return (self.bsuite_id, self.integer_observations)
+
+    def snapshot_state(self) -> dict[str, Any]:
+        return {**super().snapshot_state(), "raw": vars(self._raw)}
+
+    def restore_state(self, fields: dict[str, Any]) -> None:
+        if self.logger is not None:
+            raise SnapshotError(
+                f"restore(state) into a {self.bsuite_id} env that writes bsuite's CSV log ({self.log_path}): the log must "
+                "count each episode once, in order; restore into an env built without log_dir"
+            )
+        self._raw.__dict__.update(fields.pop("raw"))
+        super().restore_state(fields)
+
+    def redraw_outcome(self, rng: np.random.Generator) -> None:
+        # bsuite draws from a legacy RandomState, seeded here from `rng` (restore seeded it with the outcome seed);
+        # discounting_chain has none: nothing random happens after its construction
+        if hasattr(self._raw, "_rng"):
+            self._raw._rng = np.random.RandomState(rng.integers(2**32))
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         super().reset(seed=seed)

@@ -11,6 +11,8 @@ A NaN or infinite reward from the wrapped env is refused at the step that return
 `ContractError` naming the step and episode): held back and summed, it would surface only at the
 episode's end, as a NaN return with no trace of where it came from.
 
+`envs.snapshot.snapshot(env)` captures the held-back reward with the rest of the wrapper chain.
+
 `vcbm_gym` registers it over classic-control tasks as `Delayed<Name>` (e.g. `DelayedCartPole-v1`).
 """
 
@@ -27,6 +29,9 @@ from envs.contract_errors import ContractError, env_name, non_finite_reward_mess
 
 class DelayedReward(gym.Wrapper, gym.utils.RecordConstructorArgs):
     """Pays an episode's summed reward at its last step and 0 before it."""
+
+    # its state, for envs.snapshot.snapshot(env): the reward held back so far and the error message's counters
+    snapshot_fields = ("_pending", "_episode", "_step")
 
     def __init__(self, env: gym.Env) -> None:
         gym.utils.RecordConstructorArgs.__init__(self)

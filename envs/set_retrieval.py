@@ -43,6 +43,10 @@ by bitmask (CASI's set intervention, for the CASI credit rule).
 c0..c{P-1}; the answer is parsed for up to m candidate ids in order, and `info["item_spans"]` has
 the (start, end) character span of each parsed item in the answer (map them to tokens with the
 tokenizer's offsets, e.g. `vcbm_gym.credit.set_credit.token_span_ids`).
+
+Both offer `snapshot()` / `restore(state, outcome_seed)` (envs/snapshot.py). The episode has no outcome noise
+to redraw: the request is drawn at reset and the snapshot evaluator is frozen per request (re-scoring a set
+gives the same number), so every outcome seed gives the same continuation.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ from typing import Any, Sequence
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
+
+from envs.snapshot import SnapshotMixin
 
 
 class InvalidSetError(ValueError):
@@ -205,10 +211,11 @@ def sample_request(params: SetRetrievalParams, rng: np.random.Generator) -> SetR
     return SetRequest(weights, coverage, intents, pairs, bonus, reference, snapshot, features.astype(np.float32))
 
 
-class SetRetrievalEnv(gym.Env):
+class SetRetrievalEnv(SnapshotMixin, gym.Env):
     """One-step set-action env: observe P candidates' features, submit m of them (module docstring)."""
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    snapshot_fields = ("request", "_done", "_last_items")
 
     def __init__(self, render_mode: str | None = None, **params: Any) -> None:
         self.params = SetRetrievalParams(**params)
@@ -261,6 +268,9 @@ class SetRetrievalEnv(gym.Env):
             "coalition_values": self.request.slot_coalition_values(slots, "snapshot"),
         }
 
+    def redraw_outcome(self, rng: np.random.Generator) -> None:
+        pass  # no outcome noise (module docstring)
+
     def snapshot_value(self, items: Sequence[int]) -> float:
         """The training-time evaluator on the current request (any subset of pool items)."""
         return self.request.snapshot_value(items)
@@ -310,7 +320,7 @@ def parse_items(answer: str, pool_size: int, set_size: int) -> tuple[list[int], 
     return items, spans
 
 
-class TextSetRetrievalEnv(gym.Env):
+class TextSetRetrievalEnv(SnapshotMixin, gym.Env):
     """The same task as text: the prompt describes the pool, the answer lists up to m ids.
 
     `info` after the step: "items" and "item_spans" (character spans in the answer), the
@@ -319,6 +329,7 @@ class TextSetRetrievalEnv(gym.Env):
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
+    snapshot_fields = ("request", "_done", "_prompt")
 
     def __init__(self, render_mode: str | None = None, max_length: int = 4096, **params: Any) -> None:
         self.params = SetRetrievalParams(**params)
@@ -352,6 +363,12 @@ class TextSetRetrievalEnv(gym.Env):
             "coalition_values": self.request.slot_coalition_values(items, "snapshot"),
         }
         return self._prompt, float(self.request.snapshot_value(items)), True, False, info
+
+    def snapshot_identity(self) -> tuple:
+        return (self.params, self.observation_space.max_length)
+
+    def redraw_outcome(self, rng: np.random.Generator) -> None:
+        pass  # no outcome noise (module docstring)
 
     def render(self):
         return self._prompt if self.render_mode == "ansi" else None

@@ -34,6 +34,9 @@ optimal decisions, never change. At the paper's noise one return has signal-to-n
 events drawn at the decision). `reset(seed=s, options={"outcome_seed": o})` keeps the task that `s`
 draws and takes the outcome from `o`: the LLM arm gives each of a task's K rollouts its own `o`, so
 that they meet independent noise, as K episodes of one task in the world would (`reset_outcome`).
+`snapshot()` / `restore(state, outcome_seed=o)` (envs/snapshot.py) does the same mid-episode: the restored
+episode keeps what it has shown (the decision, its repair cost, the bumps and drops so far) and draws the rest
+of its transport from `o`.
 
 `info` per step: `state_mutating` (this call changed the state), `execution_output` (the text the
 call returned: the VCBM bookmark key), `effect` (canonical action: repair, skip, inspect, wait or
@@ -54,6 +57,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from envs.snapshot import SnapshotMixin
 from envs.watch_repair import KEEP, REPAIR, WatchRepairDynamics, WatchRepairParams
 
 BRAND_NAMES = ("Alder", "Borealis", "Corvina", "Dunmore")
@@ -86,7 +90,7 @@ def _printable(text: str, limit: int = 80) -> str:
     return clean[:limit] + ("..." if len(clean) > limit else "")
 
 
-class WatchTextEnv(gym.Env):
+class WatchTextEnv(SnapshotMixin, gym.Env):
     """What the watch text envs share: the watch-repair law, text spaces, reward and noise scales."""
 
     # reset(options=...) keys: "brand" fixes the watch's brand, "outcome_seed" the episode's outcome (see reset_outcome)
@@ -134,6 +138,9 @@ class WatchTextEnv(gym.Env):
         """
         self._outcome_rng = outcome_generator(self.np_random, options)
 
+    def snapshot_identity(self) -> tuple:
+        return (self.params, self.max_turns, self.reward_scale, self.noise_scale, self.undecided_return)
+
     def scaled_return(self, realised: float, repaired: bool, brand: int) -> float:
         """E[G | brand, decision] + noise_scale * (G - E[G | brand, decision])."""
         expected = float(self._expected_repair[brand]) if repaired else 0.0
@@ -142,6 +149,10 @@ class WatchTextEnv(gym.Env):
 
 class TextWatchRepairEnv(WatchTextEnv):
     """Watch repair as text: observation and action are strings (gymnasium.spaces.Text)."""
+
+    snapshot_fields = (
+        "_state", "_decision", "_turn", "_reward", "_last_obs", "_outcome_rng", "_trajectory", "_step_rewards", "_draws",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -232,10 +243,22 @@ class TextWatchRepairEnv(WatchTextEnv):
         t = int(self._state[0, 4])
         if t == 0:
             brand, first_action = self._state[:, 3], np.array([action])
-            draws = self.dynamics.draw([self._outcome_rng], brand, first_action)
-            self._trajectory, self._step_rewards = self.dynamics.rollout(brand, first_action, draws)
+            self._draws = self.dynamics.draw([self._outcome_rng], brand, first_action)
+            self._trajectory, self._step_rewards = self.dynamics.rollout(brand, first_action, self._draws)
         self._state = self._trajectory[:, t + 1]
         self._reward += float(self._step_rewards[0, t])
+
+    def redraw_outcome(self, rng: np.random.Generator) -> None:
+        """Before the decision its draws come from `rng`; after it, the dynamics steps not yet run."""
+        self._outcome_rng = rng
+        if self._decision is None:
+            return
+        t = int(self._state[0, 4])
+        if t < self.params.horizon:
+            first = REPAIR if self._decision == "repair" else KEEP
+            self._draws, self._trajectory, self._step_rewards = self.dynamics.redraw_unrevealed(
+                self._draws, self._brand, first, t, rng
+            )
 
     def _advance(self, final: bool) -> str:
         """Run this turn's share of the remaining dynamics steps; describe the transport events."""

@@ -25,7 +25,8 @@ in TextWatchRepair), so a missed movement decision is never as good as skipping.
 The terminal reward is the watch-repair return times `reward_scale` (0.1), with its deviation
 from E[G | brand, decision] scaled by `noise_scale` (1.0: the paper's noise; 0: noiseless). As in
 TextWatchRepair, `reset(seed=s)` fixes the task (brand, stations, the movement's position) and the outcome,
-and `options={"outcome_seed": o}` draws the outcome from `o` instead.
+and `options={"outcome_seed": o}` draws the outcome from `o` instead. The outcome is drawn when the service
+ends, so `restore(state, outcome_seed=o)` (envs/snapshot.py) at any turn draws all of it from `o`.
 
 `info` per step: `state_mutating`, `execution_output` (the bookmark key), `effect` (the tool, or
 "invalid"), `is_decision_turn` (this turn was the movement station), `station`, and on the last
@@ -71,6 +72,8 @@ def parse_station_action(text: str, tools: tuple[str, ...]) -> str:
 
 class TextWatchWorkshopEnv(WatchTextEnv):
     """Service stations as text turns; only the movement station's decision sets the return."""
+
+    snapshot_fields = ("_state", "_stations", "_turn", "_decision", "_last_obs", "_outcome_rng")
 
     def __init__(
         self,
@@ -144,6 +147,9 @@ class TextWatchWorkshopEnv(WatchTextEnv):
 
     def render(self):
         return self._last_obs if self.render_mode == "ansi" else None
+
+    def redraw_outcome(self, rng: np.random.Generator) -> None:
+        self._outcome_rng = rng  # nothing of the outcome is drawn before the last turn
 
     # --- internals -----------------------------------------------------------------------------
     @property

@@ -22,6 +22,8 @@ import numpy as np
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 
+from envs.snapshot import SnapshotMixin
+
 REPAIR, KEEP = 0, 1
 COMPONENT_NAMES = ("repaired_flag", "counter1", "counter2", "brand", "timestep")
 GROUND_TRUTH_ROLES = ("controlled", "noise", "noise", "static", "clock")
@@ -181,6 +183,21 @@ class WatchRepairDynamics:
                 transport[i] = rng.normal(self._transport_mean[b], self.params.transport_sd)
         return EpisodeDraws(cost, uniforms < self._counter_probs, transport)
 
+    def redraw_unrevealed(
+        self, draws: EpisodeDraws, brand: int, first_action: int, t: int, rng: np.random.Generator
+    ) -> tuple[EpisodeDraws, np.ndarray, np.ndarray]:
+        """One episode's draws, trajectory (1, T + 1, 5) and rewards (1, T) after `t` steps, with what those
+        steps have not revealed drawn afresh from `rng` (in `draw`'s order): the counter events of steps t..T-1
+        and the transport cost (paid at the last step). The repair cost was paid at step 0 and stays."""
+        events = draws.counter_events.copy()
+        events[0, t:] = rng.random((self.params.horizon - t, 2)) < self._counter_probs
+        transport = draws.transport.copy()
+        if first_action == REPAIR:
+            transport[0] = rng.normal(self._transport_mean[brand], self.params.transport_sd)
+        redrawn = EpisodeDraws(draws.cost.copy(), events, transport)
+        states, rewards = self.rollout(np.array([brand]), np.array([first_action]), redrawn)
+        return redrawn, states, rewards
+
     def rollout(self, brand: np.ndarray, first_action: np.ndarray, draws: EpisodeDraws) -> tuple[np.ndarray, np.ndarray]:
         """The law: states (n, T + 1, 5) and rewards (n, T) of n episodes.
 
@@ -258,7 +275,7 @@ class WatchRepairFeaturizer:
         return features[0] if single else features
 
 
-class WatchRepairEnv(gym.Env):
+class WatchRepairEnv(SnapshotMixin, gym.Env):
     """The paper's watch-repair task as a Gymnasium env.
 
     `info` carries `brand`, `optimal_first_action` and, once the first decision is made,
@@ -266,10 +283,16 @@ class WatchRepairEnv(gym.Env):
     are for evaluation only (the env contract, vcbm_gym/contract.py): agents must not learn from them.
     `reset(options={"brand": b})` fixes the brand of that episode.
     The first step draws the episode (`WatchRepairDynamics.draw`, `rollout`); later steps replay it.
+    `snapshot()` / `restore(state, outcome_seed)` (envs/snapshot.py): with an outcome seed, the rest of the
+    episode (the decision's draws, or after it the counter events and transport not yet seen) comes from
+    that seed, and np_random, which draws the next episodes' brands, is the snapshot's, not advanced by it.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}
     component_names = COMPONENT_NAMES  # for logs and reports only
+    snapshot_fields = (
+        "_states", "_observations", "_info", "_rewards", "_t", "_brand", "_first_action", "_draws", "_outcome_rng",
+    )  # fmt: skip
 
     def __init__(self, render_mode: str | None = None, **params: Any) -> None:
         self.dynamics = WatchRepairDynamics(WatchRepairParams(**params))
@@ -288,12 +311,15 @@ class WatchRepairEnv(gym.Env):
         self._t = 0
         self._brand = 0
         self._first_action: int | None = None
+        self._draws: EpisodeDraws | None = None
+        self._outcome_rng: np.random.Generator | None = None  # set by an outcome-seeded restore, else np_random
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         brand = (options or {}).get("brand")
         state = self.dynamics.reset(self.np_random, 1, brand)
         self._brand, self._t, self._first_action, self._states = int(state[0, 3]), 0, None, state
+        self._outcome_rng = None
         return state[0].copy(), {"brand": self._brand, "optimal_first_action": self._optimal[self._brand]}
 
     def step(self, action):
@@ -305,12 +331,9 @@ class WatchRepairEnv(gym.Env):
         if t == 0:
             self._first_action = first = int(action)
             brand, first_action = np.array([self._brand]), np.array([first])
-            draws = self.dynamics.draw([self.np_random], brand, first_action)
-            states, rewards = self.dynamics.rollout(brand, first_action, draws)
-            self._states, self._rewards = states[0], rewards[0].tolist()
-            # The observations handed out are the rows of one copy per episode (not one copy per step):
-            # a caller writing into one changes neither the env's trajectory nor another step's observation.
-            self._observations = list(states[0].copy())
+            rng = self.np_random if self._outcome_rng is None else self._outcome_rng
+            self._draws = self.dynamics.draw([rng], brand, first_action)
+            self._set_trajectory(*self.dynamics.rollout(brand, first_action, self._draws))
             # the info is the same at every step of the episode once the first decision is made
             optimal = self._optimal[self._brand]
             self._info = {"brand": self._brand, "optimal_first_action": optimal, "first_decision_optimal": first == optimal}
@@ -320,6 +343,21 @@ class WatchRepairEnv(gym.Env):
         if terminated:
             info["is_success"] = info["first_decision_optimal"]
         return self._observations[t + 1], self._rewards[t], terminated, False, info
+
+    def _set_trajectory(self, states: np.ndarray, rewards: np.ndarray) -> None:
+        self._states, self._rewards = states[0], rewards[0].tolist()
+        # The observations handed out are the rows of one copy per episode (not one copy per step):
+        # a caller writing into one changes neither the env's trajectory nor another step's observation.
+        self._observations = list(states[0].copy())
+
+    def redraw_outcome(self, rng: np.random.Generator) -> None:
+        """Before the decision the decision's draws come from `rng`; after it, what the steps so far did not reveal."""
+        self._outcome_rng = rng
+        if self._first_action is not None and self._t < self._horizon:
+            self._draws, states, rewards = self.dynamics.redraw_unrevealed(
+                self._draws, self._brand, self._first_action, self._t, rng
+            )
+            self._set_trajectory(states, rewards)
 
     def credit_featurizer(self) -> WatchRepairFeaturizer:
         """The env contract's hook: RUDDER's WatchRepair input features for this env's constants."""

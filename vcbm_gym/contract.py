@@ -21,6 +21,11 @@ makes every return and mean after it NaN), and an observation once returned is n
 later `step` or `reset` (an agent keeps it as the previous state of a transition), so an env that
 keeps its state in an array returns a copy of it.
 
+An env may offer the snapshot protocol (`envs/snapshot.py`: `snapshot()` / `restore(state, outcome_seed)` on
+its unwrapped instance, called through `envs.snapshot.snapshot(env)` / `restore(env, state)`, which also
+capture the wrappers): a restored env continues exactly as the original would. `check_contract` checks it
+where the env offers it (`check_snapshot`).
+
 `check_contract(env, needs=...)` is the user-facing checker, in the spirit of Gymnasium's
 `check_env` (which it runs first, after probing a few steps for a non-finite reward or a mutated
 observation, which `check_env` would report as non-determinism): it plays a few episodes and
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import math
+import pickle
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +46,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from envs import snapshot as snapshots
 from envs.contract_errors import CONTRACT, ContractError, env_name, non_finite_reward_message  # noqa: F401 (re-exported)
 
 STEP, END = "every step", "the episode's last step"
@@ -264,6 +271,129 @@ def probe_steps(env: gym.Env, name: str, seed: int, steps: int = 3) -> None:
     observations.returned(env.reset(seed=seed)[0], f"the reset(seed={seed}) after {where}")
 
 
+def same(a: Any, b: Any) -> bool:
+    """Exact equality of two step results (arrays, mappings, sequences, numbers; NaN equal to NaN)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.dtype == object:
+            return all(same(x, y) for x, y in zip(a.flat, b.flat))
+        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    if isinstance(a, Mapping):
+        return isinstance(b, Mapping) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return type(a) is type(b) and bool(a == b)
+
+
+STEP_PARTS = ("observation", "reward", "terminated", "truncated", "info")
+RESET_PARTS = ("observation", "info")
+
+
+def _play(env: gym.Env, actions: list[Any], obs: Any, act: Callable[[Any], Any] | None, max_steps: int) -> list[tuple]:
+    """Step to the episode's end or `max_steps` steps: with `act`, its actions (appended to `actions`), else
+    replaying `actions` (at most all of them); deep copies of the step results."""
+    results: list[tuple] = []
+    while len(results) < (max_steps if act is not None else min(max_steps, len(actions))):
+        if act is not None:
+            actions.append(act(obs))
+        result = env.step(actions[len(results)])
+        results.append(copy.deepcopy(result))
+        obs = result[0]
+        if result[2] or result[3]:
+            break
+    return results
+
+
+def _branch(env: gym.Env, actions: list[Any], obs: Any, act: Callable[[Any], Any] | None, max_steps: int) -> list[tuple]:
+    """`_play`, and where the episode ended the next `reset()` (unseeded: the generators' state shows in it)."""
+    results = _play(env, actions, obs, act, max_steps)
+    if results and (results[-1][2] or results[-1][3]):
+        results.append(copy.deepcopy(env.reset()))
+    return results
+
+
+def _first_difference(original: list[tuple], replayed: list[tuple]) -> str | None:
+    for t, (a, b) in enumerate(zip(original, replayed), start=1):
+        where, parts = (f"step {t}", STEP_PARTS) if len(a) == len(STEP_PARTS) else ("the next reset()", RESET_PARTS)
+        for part, x, y in zip(parts, a, b):
+            if not same(x, y):
+                return f"{where} after it: {part} {_shown(y)} where the first continuation had {_shown(x)}"
+    if len(original) != len(replayed):
+        return f"{len(replayed)} steps after it where the first continuation had {len(original)}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value).replace("\\n", " ")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_snapshot(
+    env: gym.Env,
+    seed: int = 0,
+    policy: Callable[[Any], Any] | None = None,
+    max_steps: int = PROBE_MAX_STEPS,
+    reset_options: Mapping[str, Any] | None = None,
+) -> None:
+    """The snapshot protocol (envs/snapshot.py) on an env that offers it. Snapshot at a random step of an episode
+    from `reset(seed=seed)`, play `policy` (default: seeded random actions) to the episode's end, then restore and
+    replay the same actions: the same step results and the same next (unseeded) reset, exactly; again from a
+    pickled copy of the snapshot (a second restore from one snapshot); and twice under one outcome seed (one
+    seed, one redraw). ContractError, one line naming the env, the snapshot's step, the restore and the first
+    step result that differed."""
+    rng = np.random.default_rng(seed)
+    env.action_space.seed(seed)
+    act = policy or (lambda _obs: env.action_space.sample())
+    options = dict(reset_options) if reset_options else None
+    probe: list[Any] = []
+    at = int(rng.integers(len(_play(env, probe, env.reset(seed=seed, options=options)[0], act, max_steps))))
+    obs, _ = env.reset(seed=seed, options=options)
+    prefix = _play(env, probe[:at], obs, None, max_steps)  # the probe's first steps again: mid-episode, not past it
+    state = snapshots.snapshot(env)
+    actions: list[Any] = []
+    first = _branch(env, actions, prefix[-1][0] if prefix else obs, act, max_steps)
+    where = f"env {env_name(env)} offers snapshot()/restore() but breaks it: snapshot at step {at} of the episode"
+    where += f" from reset(seed={seed}), then"
+    for how, restored in (
+        ("restore(state)", state),
+        ("a second restore, from a pickled copy of it", pickle.loads(pickle.dumps(state))),
+    ):
+        _replay_matches(env, restored, actions, max_steps, first, f"{where} {how}", None)
+    # an outcome seed may change the continuation; the same seed twice may not
+    outcome_seed = int(rng.integers(2**31))
+    how = f"{where} restore(state, outcome_seed={outcome_seed})"
+    seeded = _replay_matches(env, state, actions, max_steps, None, how, outcome_seed)
+    _replay_matches(env, state, actions, max_steps, seeded, f"{how} twice", outcome_seed)
+
+
+def _replay_matches(
+    env: gym.Env,
+    state: Any,
+    actions: list[Any],
+    max_steps: int,
+    expected: list[tuple] | None,
+    what: str,
+    outcome_seed: int | None,
+) -> list[tuple]:
+    """Restore `state` and replay `actions`: their results, equal to `expected` where given (else ContractError,
+    one line: `what`, and the first difference)."""
+    try:
+        snapshots.restore(env, state, outcome_seed=outcome_seed)
+        replayed = _branch(env, actions, None, None, max_steps)
+    except Exception as error:  # a restored env that refuses the original's actions breaks the protocol too
+        raise ContractError(
+            f"{what}, and the same actions raised {type(error).__name__}: {_shown(str(error))} ({CONTRACT})"
+        ) from error
+    difference = None if expected is None else _first_difference(expected, replayed)
+    if difference is not None:
+        raise ContractError(f"{what}, and the same actions: {difference} ({CONTRACT})")
+    return replayed
+
+
 @dataclass(frozen=True)
 class ContractReport:
     """What `check_contract` saw: the contract keys reported on every episode, episodes and steps played."""
@@ -271,12 +401,14 @@ class ContractReport:
     reported: frozenset[str]
     episodes: int
     steps: int
+    snapshot: str = "not checked"  # "checked", or why not (the env offers no snapshot protocol)
 
     def lines(self) -> list[str]:
         out = []
         for key in INFO_KEYS.values():
             status = "reported" if key.name in self.reported else "absent"
             out.append(f"{key.name}: {status} ({'evaluation only' if key.evaluation_only else 'to learn'}; {key.read_by})")
+        out.append(f"snapshot/restore: {self.snapshot}")
         return out
 
 
@@ -325,7 +457,8 @@ def check_contract(
     check_api: bool = True,
 ) -> ContractReport:
     """Check `env` against the contract; raise ContractError (one line) where it breaks it: a missing or
-    mistyped info key, a NaN or infinite reward, an observation changed in place after it was returned.
+    mistyped info key, a NaN or infinite reward, an observation changed in place after it was returned, a
+    restored snapshot that does not continue as the original did.
 
     `needs`: consumers (keys of NEEDS, e.g. "vcbm-loop"), credit rule names (e.g. "casi") or info key names
     that must be reported.
@@ -334,7 +467,8 @@ def check_contract(
     key is present on every step (or last step) the contract says, that every contract key the env
     reports has the contract's type, and that an evaluation key reported at one episode's end is
     reported at every episode's end (the runners decide on the first episode), that every reward is
-    finite and that no observation changes after it was returned. With `check_api` Gymnasium's own
+    finite and that no observation changes after it was returned, and, where the env offers the snapshot
+    protocol through every wrapper (`envs.snapshot.supports_snapshot`), `check_snapshot`. With `check_api` Gymnasium's own
     `check_env` runs first, on `env.unwrapped` (after `probe_steps` on it, so that a NaN reward or a
     mutated observation is named as such); the contract is checked on `env` as given, wrappers
     included (a DelayedReward or TimeLimit changes what the runners see).
@@ -367,4 +501,7 @@ def check_contract(
             )
         at_end = ended
     step_keys = {key for key, spec in INFO_KEYS.items() if spec.when == STEP and key in info}
-    return ContractReport(frozenset((at_end or set()) | step_keys), episodes, steps)
+    problem = snapshots.snapshot_problem(env)
+    if problem is None:
+        check_snapshot(env, seed, policy, max_steps, reset_options)
+    return ContractReport(frozenset((at_end or set()) | step_keys), episodes, steps, problem or "checked")

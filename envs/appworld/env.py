@@ -29,6 +29,14 @@ from a separate evaluator process that the agent's code cannot reach. A server t
 out (after `execution_timeout + request_timeout` seconds for a step) or breaks the protocol is
 killed and replaced, and `step` raises one `AppWorldServerError` for the lost episode. Outputs
 longer than the observation space's `max_length` are cut, ending with a marker that says so.
+
+No snapshot protocol (envs/snapshot.py): a world's state is not only its app databases, which AppWorld saves
+after every call and the pool copies out for the evaluator, but also the REPL namespace the agent's code built
+(variables, an access token from a login) and AppWorld's interaction counters, all inside the sandboxed
+server process. The server has no call that loads a saved state back into a live world, and a Python
+namespace holding arbitrary objects cannot in general be saved. Branching an AppWorld episode would mean
+replaying its code prefix in a fresh world of the same task, which this env does not claim to reproduce
+exactly.
 """
 
 from __future__ import annotations
