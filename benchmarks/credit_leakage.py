@@ -45,14 +45,13 @@ import vcbm_gym  # noqa: F401  (registers WatchRepair-v0)
 from algorithms.common import provenance
 from algorithms.common.cli import ArgumentParser, atomic_write_json, check_int, check_output_dir, main, output_dir
 from algorithms.common.errors import VcbmGymError
-from algorithms.sb3.callbacks import group_ids_for
+from algorithms.credit_reference import BATCH_PROVIDES, RULE_KWARGS, episode_batch, leakage_sums
 from vcbm_gym.credit.base import EpisodeBatch, unmet_needs
 from vcbm_gym.credit.registry import RULES, make_rule
 
 DEFAULT_RULES = ("broadcast", "loo", "grpo", "ircr", "rudder", "rrd", "vcbm_bookmark")
-# Constructor arguments per rule: baselines that need no critic (there is none here).
-RULE_KWARGS: dict[str, dict[str, Any]] = {"broadcast": {"baseline": "batch_mean"}, "vcbm_bookmark": {"baseline": "batch_mean"}}
-BATCH_PROVIDES = {"observations", "actions", "group_ids", "step_turn"}  # what `episode_batch` fills
+# RULE_KWARGS (baselines that need no critic), BATCH_PROVIDES and `episode_batch` are shared with the replay
+# reference (algorithms/credit_reference.py), which scores the same rules on the same kind of episodes.
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "credit_leakage.json"
 
 
@@ -74,32 +73,16 @@ def collect_episodes(env: gym.Env, n_episodes: int, seed: int) -> list[tuple[np.
     return episodes
 
 
-def episode_batch(episodes: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> EpisodeBatch:
-    """Pad episodes to a prefix-masked batch; padding repeats each episode's last observation and action (valid in any space)."""
-    horizon = max(len(r) for _, _, r in episodes)
-    mask = np.array([[t < len(r) for t in range(horizon)] for _, _, r in episodes])
-
-    def pad(values: np.ndarray) -> np.ndarray:
-        return np.concatenate([values, np.repeat(values[-1:], horizon - len(values), axis=0)])
-
-    observations = np.stack([pad(o) for o, _, _ in episodes])
-    actions = np.stack([pad(a) for _, a, _ in episodes])
-    rewards = np.stack([np.concatenate([r, np.zeros(horizon - len(r))]) for _, _, r in episodes])
-    return EpisodeBatch(
-        rewards, mask, group_ids_for(observations[:, 0], "initial_obs"), observations=observations, actions=actions
-    )
-
-
 def leakage_of_seed(rule_name: str, env: gym.Env, batches: list[EpisodeBatch], decision_step: int) -> float:
     """The share of |A| after `decision_step` over the second half of the batches, for a fresh rule."""
     rule = make_rule(rule_name, env=env, **RULE_KWARGS.get(rule_name, {}))
     after = total = 0.0
     for index, batch in enumerate(batches):
         rule.observe(batch)
-        advantages = np.abs(rule.advantages(batch))
         if index >= len(batches) // 2:
-            after += float(advantages[:, decision_step + 1 :].sum())
-            total += float(advantages.sum())
+            batch_after, batch_total = leakage_sums(rule.advantages(batch), decision_step)
+            after += batch_after
+            total += batch_total
     return after / total if total > 0 else float("nan")
 
 
