@@ -49,10 +49,12 @@ def _batch(seed: int = 0, b: int = 6, turns: int = 4, tokens: int = 3, short=(1,
 
 
 def _trainer(credit: str, credit_kwargs: dict | None = None, processes: int = 1, index: int = 0):
-    """What token_advantages reads of a LoopTrainer: its rule and its accelerator."""
+    """What token_advantages reads of a LoopTrainer: its rule, its accelerator and its objective (LOOP's own)."""
     kwargs = CreditSlot(credit, credit_kwargs or {}).rule_kwargs(LLM_CREDIT)
     accelerator = types.SimpleNamespace(num_processes=processes, process_index=index)
-    return types.SimpleNamespace(credit_rule=make_rule(credit, **kwargs), accelerator=accelerator, _pending_observe=None)
+    args = types.SimpleNamespace(objective="ppo_clip")
+    rule = make_rule(credit, **kwargs)
+    return types.SimpleNamespace(credit_rule=rule, accelerator=accelerator, args=args, _pending_observe=None)
 
 
 def test_loop_and_vcbm_loop_advantages_equal_the_former_formulas():
