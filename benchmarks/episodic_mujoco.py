@@ -28,6 +28,15 @@ or weighed: a second torch thread per run buys nothing with two runs on two core
 env per run (no vectorised collection); a lower update ratio would change the papers' protocol; SBX (SB3's JAX
 version, 150-164 steps/s on Hopper per the issue's own measurement) is not wired into the SB3 arm yet.
 
+MEASURED AFTERWARDS (the first run of the default, 2026-12-03, EpisodicHopper-v5, two runs side by side on two
+cores): the budget above does not hold. Wall time per run: sac 255-338 s, sac+ircr 478-593 s, sac+rrd 836-1,611 s,
+sac-dense about 280 s, so one (env, seed) is about 40 minutes of one core and the default (2 envs x 5 seeds) about
+3.3 hours on 2 cores. `--measure` ran 4,000 steps past a 1,000-step warm-up, where episodes and RRD's lesson buffer
+are still short; late in a run RRD makes about 27 steps/s, and py-spy puts half of its time in the reward model's
+numpy step (one per env step, the reference's ratio) and most of the rest in SAC's update. The default is kept (runs
+already finished are reused by their config hash); on this machine run one env per sitting (`--envs
+EpisodicHopper-v5`, then `--envs EpisodicHalfCheetah-v5` into the same --out; each about 1.7 hours).
+
 Outputs in --out: results.json (per env and method: final true return per seed, mean / IQM / median with
 bootstrap 95% CIs, P(improvement) of each rule over `sac` with its CI), table.md, curves_<env>.png (mean true return
 and its CI across seeds), run.json (command, commit, versions, wall time, budget).
