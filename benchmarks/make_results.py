@@ -182,6 +182,23 @@ def episodic_mujoco_section(directory: Path) -> str:
     return f"## {title}\n\n{provenance(record)}\n{table}\n{plots}\n"
 
 
+def reward_fit_section(directory: Path) -> str:
+    """benchmarks/reward_fit.py: each reward rule's fit to the withheld dense reward during SAC's training."""
+    title = "Episodic-reward MuJoCo: each reward rule's fit to the dense reward"
+    results, record = _read(directory / "results.json"), _read(directory / "run.json")
+    if results is None:
+        return f"## {title}\n\nNot produced yet: run `python benchmarks/reward_fit.py`.\n"
+    intro = (
+        "Pearson's r between the rewards a rule wrote for the last 10 episodes (before it learned from each) and the "
+        "dense rewards the episodic env withheld, logged as SAC trains (the episodic_mujoco runs' settings). r = 1 "
+        "would hand SAC the dense reward itself, so dense SAC above bounds what a perfect redistribution buys at "
+        "this budget.\n"
+    )
+    table = (directory / "table.md").read_text()
+    plots = " ".join(f"![{path.name}](results/{directory.name}/{path.name})" for path in sorted(directory.glob("*.png")))
+    return f"## {title}\n\n{provenance(record)}\n{intro}\n{table}\n{plots}\n"
+
+
 def exact_gradient_section(path: Path) -> str:
     """benchmarks/exact_gradient.py: policy-gradient estimators against the exact gradient (COCOA's dB scores)."""
     title = "Exact policy gradients on LinearKeyToDoor: bias, variance and SNR (dB) of each estimator"
@@ -324,6 +341,7 @@ def render(results_dir: Path) -> str:
             "bash benchmarks/bsuite_sweeps.sh",
         ),
         episodic_mujoco_section(results_dir / "episodic_mujoco"),
+        reward_fit_section(results_dir / "reward_fit"),
         leakage_section(
             [
                 results_dir / "credit_leakage.json",

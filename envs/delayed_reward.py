@@ -11,6 +11,9 @@ A NaN or infinite reward from the wrapped env is refused at the step that return
 `ContractError` naming the step and episode): held back and summed, it would surface only at the
 episode's end, as a NaN return with no trace of where it came from.
 
+Every step's `info["withheld_reward"]` is the reward it held back (evaluation only: a reward rule's fit to the
+dense reward is scored against it, never learned from).
+
 `envs.snapshot.snapshot(env)` captures the held-back reward with the rest of the wrapper chain.
 
 `vcbm_gym` registers it over classic-control tasks as `Delayed<Name>` (e.g. `DelayedCartPole-v1`).
@@ -59,6 +62,7 @@ class DelayedReward(gym.Wrapper, gym.utils.RecordConstructorArgs):
             where = f"step {self._step} of episode {max(self._episode, 1)}"
             raise ContractError(non_finite_reward_message(env_name(self.env), reward, f"{where} (seen by DelayedReward)"))
         self._pending += value
+        info = {**info, "withheld_reward": value}
         if terminated or truncated:
             paid: SupportsFloat = self._pending
             self._pending = 0.0

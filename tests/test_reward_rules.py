@@ -11,7 +11,7 @@ from gymnasium import spaces
 from scipy import stats
 
 from algorithms.common.credit_slot import CreditSlot
-from algorithms.sb3.buffers import RelabelingReplayBuffer
+from algorithms.sb3.buffers import FIT_WINDOW, RelabelingReplayBuffer, pooled_correlation
 from algorithms.tabular.q_learning import QLearningConfig
 from algorithms.tabular.runner import ARM
 from tests.test_tabular_credit import FlippedRule, _first_decision_correct_rate  # FlippedRule: rewards negated
@@ -70,6 +70,50 @@ def test_a_stored_reward_changes_when_the_reward_model_changes():
     rule.scale = -0.5  # the model learned: every sampled reward is its current one
     np.testing.assert_allclose(buffer._get_samples(indices).rewards.numpy()[:, 0], [-0.5, -1.0, -1.5, 2.0])
     np.testing.assert_allclose(buffer.rewards[:4, 0], [1.0, 2.0, 3.0, -4.0])  # what was written stays written
+
+
+def _fill_withheld(buffer: RelabelingReplayBuffer, episodes: list[list[float]], withheld: list[list[float]]) -> None:
+    """As _fill, each step's info carrying the dense reward DelayedReward withheld."""
+    for k, (xs, ws) in enumerate(zip(episodes, withheld)):
+        for t, (x, w) in enumerate(zip(xs, ws)):
+            obs = np.array([[x, k]], dtype=np.float32)
+            info = {"withheld_reward": w}
+            buffer.add(obs, obs + 1, np.zeros((1, 1), np.float32), np.array([0.0]), np.array([t == len(xs) - 1]), [info])
+
+
+def test_pooled_correlation_by_hand():
+    assert pooled_correlation(
+        [(np.array([1.0, 2.0]), np.array([2.0, 4.0])), (np.array([3.0]), np.array([6.0]))]
+    ) == pytest.approx(1.0)
+    # x = (0, 1, 2, 3), y = (0, 1, 3, 2): cov 1.0, var 1.25 each -> r = 0.8
+    assert pooled_correlation(
+        [(np.array([0.0, 1.0]), np.array([0.0, 1.0])), (np.array([2.0, 3.0]), np.array([3.0, 2.0]))]
+    ) == pytest.approx(0.8)
+    assert np.isnan(pooled_correlation([(np.array([1.0, 1.0]), np.array([0.0, 5.0]))]))  # a constant reward has no r
+
+
+@pytest.mark.parametrize("scale", [2.0, -2.0])
+def test_the_buffer_scores_the_rules_rewards_against_the_withheld_ones(scale):
+    rule = ScaledFirstFeature(scale=scale)  # r = scale * x, the withheld dense reward x + small noise
+    buffer = RelabelingReplayBuffer(64, BOX, ACTION, device="cpu", rule=rule)
+    episodes = [[1.0, 2.0, 3.0], [-1.0, 0.5], [4.0]]
+    withheld = [[1.1, 2.0, 2.9], [-1.0, 0.4], [4.2]]
+    _fill_withheld(buffer, episodes, withheld)
+    assert [n for n, _ in buffer.reward_fit] == [3, 5, 6]  # one point per finished episode, at the transitions stored
+    assert np.isfinite(buffer.reward_fit[0][1])
+    x, w = np.concatenate(episodes), np.concatenate(withheld)
+    assert buffer.reward_fit[-1][1] == pytest.approx(np.sign(scale) * np.corrcoef(x, w)[0, 1])  # pooled over the window
+    assert np.sign(buffer.reward_fit[-1][1]) == np.sign(scale)
+    _fill(buffer, [[1.0]])  # an env that withholds nothing adds no point
+    assert len(buffer.reward_fit) == 3
+
+
+def test_the_fit_window_keeps_only_the_last_episodes():
+    buffer = RelabelingReplayBuffer(256, BOX, ACTION, device="cpu", rule=ScaledFirstFeature(scale=1.0))
+    _fill_withheld(buffer, [[1.0, 2.0]] * FIT_WINDOW, [[-1.0, -2.0]] * FIT_WINDOW)  # anti-correlated episodes
+    assert buffer.reward_fit[-1][1] == pytest.approx(-1.0)
+    _fill_withheld(buffer, [[1.0, 2.0]] * FIT_WINDOW, [[1.0, 2.0]] * FIT_WINDOW)  # then a window of correlated ones
+    assert buffer.reward_fit[-1][1] == pytest.approx(1.0)
 
 
 def test_a_rule_whose_rewards_need_the_whole_episode_keeps_what_it_wrote():
@@ -217,6 +261,8 @@ def test_sac_and_td3_train_on_episodic_mujoco_with_a_reward_rule(tmp_path, algo,
     assert summary["timesteps"] == 1200 and summary["credit"] == credit and summary["episodes_run"] > 0
     if credit == "rrd":  # the reward model trained once per observed transition, from the start (min 4 episodes)
         assert summary["credit_summary"]["train_steps"] > 0 and summary["credit_summary"]["n_features"] == 11 + 3 + 11
+    if credit != "none":  # EpisodicHopper's DelayedReward reports the dense reward it withheld: the rule's fit
+        assert -1.0 <= summary["reward_fit_corr_last"] <= 1.0
 
 
 def test_an_advantage_rule_is_refused_by_a_replay_learner_in_one_line(tmp_path):

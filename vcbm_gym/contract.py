@@ -61,6 +61,10 @@ def _is_unit_number(value: Any) -> bool:
     return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)) and 0.0 <= float(value) <= 1.0
 
 
+def _is_finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) and np.isfinite(value)
+
+
 def _is_effect(value: Any) -> bool:
     return value is None or isinstance(value, Hashable)
 
@@ -108,6 +112,12 @@ INFO_KEYS: dict[str, InfoKey] = {
             "is_decision_turn", _is_bool, "bool", STEP,
             "this turn made the decision that decides the return",
             "LLM trainer: the share of advantage mass on deciding turns",
+            evaluation_only=True,
+        ),
+        InfoKey(
+            "withheld_reward", _is_finite_number, "a finite number", STEP,
+            "the step's own reward, held back by envs.delayed_reward.DelayedReward (paid at the episode's end)",
+            "SB3 replay buffer of a reward rule: the rule's fit to the dense reward (credit/reward_fit_corr)",
             evaluation_only=True,
         ),
         InfoKey(
@@ -213,22 +223,35 @@ def check_reward(reward: Any, env_name: str, where: str) -> float:
     return value
 
 
+def _equal_in_depth(a: Any, b: Any, leaf: Callable[[Any, Any], bool], coerce_arrays: bool) -> bool:
+    """Arrays (same shape, dtype and values, NaN equal to NaN), mappings, lists and tuples compared in depth; any
+    other pair by `leaf`. An array `a` needs an array `b`; with `coerce_arrays`, either side being an array makes
+    both arrays (np.asarray) first."""
+    if isinstance(a, np.ndarray) or (coerce_arrays and isinstance(b, np.ndarray)):
+        if coerce_arrays:
+            a, b = np.asarray(a), np.asarray(b)
+        elif not isinstance(b, np.ndarray):
+            return False
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return False
+        if a.dtype == object:
+            return all(_equal_in_depth(x, y, leaf, coerce_arrays) for x, y in zip(a.flat, b.flat))
+        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    if isinstance(a, Mapping):
+        return (
+            isinstance(b, Mapping) and a.keys() == b.keys() and all(_equal_in_depth(a[k], b[k], leaf, coerce_arrays) for k in a)
+        )
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_equal_in_depth(x, y, leaf, coerce_arrays) for x, y in zip(a, b))
+    return leaf(a, b)
+
+
 def _unchanged(kept: Any, now: Any) -> bool:
     """Whether `now` (an observation object as it is now) still equals `kept` (a deep copy taken when it was
     returned): same types, shapes and values, NaN equal to NaN. Arrays, mappings, lists and tuples are compared
     (in depth); anything else is taken as unchanged: a number or string cannot change in place, and an object
     of another kind may compare by identity, which its copy never matches."""
-    if isinstance(kept, np.ndarray):
-        if not isinstance(now, np.ndarray) or kept.shape != now.shape or kept.dtype != now.dtype:
-            return False
-        if kept.dtype == object:
-            return all(_unchanged(a, b) for a, b in zip(kept.flat, now.flat))
-        return bool(np.array_equal(kept, now, equal_nan=kept.dtype.kind in "fc"))
-    if isinstance(kept, Mapping):
-        return isinstance(now, Mapping) and kept.keys() == now.keys() and all(_unchanged(kept[k], now[k]) for k in kept)
-    if isinstance(kept, (list, tuple)):
-        return type(kept) is type(now) and len(kept) == len(now) and all(_unchanged(a, b) for a, b in zip(kept, now))
-    return True
+    return _equal_in_depth(kept, now, lambda _kept, _now: True, coerce_arrays=False)
 
 
 class ReturnedObservations:
@@ -271,22 +294,15 @@ def probe_steps(env: gym.Env, name: str, seed: int, steps: int = 3) -> None:
     observations.returned(env.reset(seed=seed)[0], f"the reset(seed={seed}) after {where}")
 
 
-def same(a: Any, b: Any) -> bool:
-    """Exact equality of two step results (arrays, mappings, sequences, numbers; NaN equal to NaN)."""
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        a, b = np.asarray(a), np.asarray(b)
-        if a.shape != b.shape or a.dtype != b.dtype:
-            return False
-        if a.dtype == object:
-            return all(same(x, y) for x, y in zip(a.flat, b.flat))
-        return bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
-    if isinstance(a, Mapping):
-        return isinstance(b, Mapping) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+def _same_leaf(a: Any, b: Any) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     return type(a) is type(b) and bool(a == b)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Exact equality of two step results (arrays, mappings, sequences, numbers; NaN equal to NaN)."""
+    return _equal_in_depth(a, b, _same_leaf, coerce_arrays=True)
 
 
 STEP_PARTS = ("observation", "reward", "terminated", "truncated", "info")

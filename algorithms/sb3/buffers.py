@@ -15,12 +15,18 @@ Elite episodes (IRCR's heap): when the rule asks for them (`RewardRule.replay_el
 of the highest return ever seen are kept beside the FIFO, and the rule's fraction of every batch is drawn from
 their transitions (IRCR: 10 episodes, half of each batch).
 
+Fit to the dense reward: where the env reports the reward it withheld (`info["withheld_reward"]`, as
+`envs.delayed_reward.DelayedReward` does), every finished episode adds one point to `reward_fit`: the Pearson
+correlation between the rule's rewards and the withheld ones, pooled over the last `FIT_WINDOW` episodes. The
+rule's rewards are those written for an episode before the rule learns from it, so the fit is held out.
+
 Single environment only (the buffer writes whole episodes at its position).
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -30,6 +36,17 @@ from stable_baselines3.common.type_aliases import ReplayBufferSamples
 
 from algorithms.common.credit_slot import assign_credit
 from vcbm_gym.credit.base import EpisodeBatch, RewardRule
+
+FIT_WINDOW = 10  # episodes pooled into one point of RelabelingReplayBuffer.reward_fit
+
+
+def pooled_correlation(pairs: list[tuple[np.ndarray, np.ndarray]]) -> float:
+    """Pearson's r between the concatenated first and second arrays of `pairs` (NaN when either is constant)."""
+    x = np.concatenate([np.asarray(a, dtype=np.float64) for a, _ in pairs])
+    y = np.concatenate([np.asarray(b, dtype=np.float64) for _, b in pairs])
+    if len(x) < 2 or np.ptp(x) == 0.0 or np.ptp(y) == 0.0:
+        return float("nan")
+    return float(np.corrcoef(x, y)[0, 1])
 
 
 class StoredEpisode(NamedTuple):
@@ -61,6 +78,9 @@ class RelabelingReplayBuffer(ReplayBuffer):
         self._arrivals = 0
         self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray, float, bool, bool, list[dict]]] = []
         self.last_written: np.ndarray | None = None
+        self.stored_transitions = 0
+        self._fit_window: deque[tuple[np.ndarray, np.ndarray]] = deque(maxlen=FIT_WINDOW)
+        self.reward_fit: list[tuple[int, float]] = []  # (transitions stored, r over the last FIT_WINDOW episodes)
 
     def add(self, obs, next_obs, action, reward, done, infos) -> None:  # type: ignore[override]
         done_flag = bool(np.asarray(done).reshape(-1)[0])
@@ -93,8 +113,17 @@ class RelabelingReplayBuffer(ReplayBuffer):
             self.episode_returns[self.pos] = episode.episode_return
             super().add(obs, next_obs, action, np.array([reward], dtype=np.float32), np.array([done]), infos)
         self.last_written = written
+        self.stored_transitions += len(written)
+        self._record_fit(written)
         self._keep_if_elite(episode._replace(rewards=written.astype(np.float32)))
         self._pending = []
+
+    def _record_fit(self, written: np.ndarray) -> None:
+        withheld = [(p[6][0] if p[6] else {}).get("withheld_reward") for p in self._pending]
+        if any(value is None for value in withheld):
+            return
+        self._fit_window.append((np.asarray(written, dtype=np.float64), np.asarray(withheld, dtype=np.float64)))
+        self.reward_fit.append((self.stored_transitions, pooled_correlation(list(self._fit_window))))
 
     def _episode_arrays(self) -> StoredEpisode:
         rows = self._pending

@@ -155,6 +155,22 @@ class CreditCallback(BaseCallback):
         buf.compute_returns_and_advantage(last_values=self.locals["values"], dones=np.asarray(self.locals["dones"]))
 
 
+class RewardFitCallback(BaseCallback):
+    """Logs a RelabelingReplayBuffer's newest fit to the dense reward as `credit/reward_fit_corr`."""
+
+    def __init__(self, verbose: int = 0) -> None:
+        super().__init__(verbose)
+        self._logged = 0
+
+    def _on_step(self) -> bool:
+        fit = getattr(self.model.replay_buffer, "reward_fit", [])
+        if len(fit) > self._logged:
+            self._logged = len(fit)
+            if np.isfinite(fit[-1][1]):
+                self.logger.record("credit/reward_fit_corr", fit[-1][1])
+        return True
+
+
 class ConvergenceCallback(BaseCallback):
     """Feed each finished episode's last `info` and return to an `EpisodeOutcomes`: the convergence
     criterion of algorithms/common/convergence.py when the env reports `first_decision_optimal`

@@ -60,7 +60,7 @@ from algorithms.common.validation import (
     check_value,
 )
 from algorithms.sb3.buffers import RelabelingReplayBuffer
-from algorithms.sb3.callbacks import DEFAULT_GROUP_BY, GROUP_BY, ConvergenceCallback, CreditCallback
+from algorithms.sb3.callbacks import DEFAULT_GROUP_BY, GROUP_BY, ConvergenceCallback, CreditCallback, RewardFitCallback
 from algorithms.sb3.env_checks import Float32Rewards
 from vcbm_gym.credit.base import ADVANTAGES, NO_CREDIT, REWARDS, CreditRule
 
@@ -361,6 +361,7 @@ def build(spec: RunSpec, tensorboard_log: str | None) -> Built:
     callbacks = []
     if rule is not None and config.off_policy:
         kwargs.update(replay_buffer_class=RelabelingReplayBuffer, replay_buffer_kwargs={"rule": rule})
+        callbacks.append(RewardFitCallback())
     elif rule is not None:
         callbacks.append(CreditCallback(rule, run_cfg.credit_group_by))
 
@@ -443,12 +444,22 @@ def train(spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
         **convergence.summary(),
         "credit": credit,
         **rule_summary(built.rule, names),
+        **reward_fit_summary(built.model),
         "timesteps": int(built.model.num_timesteps),
         **(
             {"eval_last_mean_return": float(evaluation.last_mean_reward)} if evaluation and evaluation.evaluations_results else {}
         ),
         "train_time_s": time.perf_counter() - start,
     }
+
+
+def reward_fit_summary(model: Any) -> dict[str, Any]:
+    """summary.json's record of a reward rule's fit to the dense reward (RelabelingReplayBuffer.reward_fit):
+    the last point and the mean of the last ten, when the env reports the rewards it withheld."""
+    fit = [r for _, r in getattr(getattr(model, "replay_buffer", None), "reward_fit", []) if np.isfinite(r)]
+    if not fit:
+        return {}
+    return {"reward_fit_corr_last": fit[-1], "reward_fit_corr_last10_mean": float(np.mean(fit[-10:]))}
 
 
 class SB3Arm(Arm):
