@@ -184,7 +184,7 @@ def _mean_ci(values: Sequence[float]) -> str:
 def table(results: dict, window: int, iterations: int, wall_s: float | None = None) -> str:
     methods = results["methods"]
     lines = [
-        f"## Two-role credit on {ENV_ID} ({iterations} iterations of 32 rollouts; finals over the last {window})",
+        f"### Two-role credit on {ENV_ID} ({iterations} iterations of 32 rollouts; finals over the last {window})",
         "",
         f"| method | seeds | success, first {window} | final success (95% CI) | final Thinker help (95% CI) "
         "| split parse rate | s / iteration |",

@@ -67,6 +67,14 @@ def test_sepo_shifts_each_role_by_its_centred_share():
         role_rewards("sepo", ["thinker"] * 4, R_JOINT, R_SOLO, GROUP)
 
 
+def test_sepo_is_grpo_when_every_rating_falls_back():
+    # both raters at (0.5, 0.5): s1 = s2 = 0.5, w = 0.5 in every row, centred 0: no bonus
+    fallback = [[0.5, 0.5]] * 4
+    for role in ("thinker", "solver"):
+        sepo = role_rewards("sepo", [role] * 4, R_JOINT, R_SOLO, GROUP, fallback, fallback)
+        assert sepo.tolist() == role_rewards("grpo", [role] * 4, R_JOINT, R_SOLO, GROUP).tolist()
+
+
 @pytest.mark.parametrize(
     "credit, kwargs, match",
     [

@@ -40,7 +40,7 @@ from algorithms.common.errors import VcbmGymError
 from algorithms.llm.batch import gather_episode_batch
 from algorithms.llm.config import LLM_CREDIT
 from algorithms.llm.loss import global_normalized_advantages
-from algorithms.llm.prompting import initial_messages
+from algorithms.llm.prompting import WITH_ONE_SHOT, initial_messages
 from algorithms.llm.rollout import Episode, _take_turn, render
 from algorithms.llm.trainer import LoopTrainer
 from algorithms.llm.two_role_config import TwoRoleConfig, role_of_iteration, row_roles
@@ -155,7 +155,7 @@ def play_two_roles(
     envs: Sequence[gym.Env],
     seeds: Sequence[int],
     outcome_seeds: Sequence[int] | None = None,
-    one_shot: bool = False,
+    one_shot: bool = WITH_ONE_SHOT,
     system_prompt: str | None = None,
     max_episode_tokens: int | None = None,
     request_split: bool = False,
