@@ -42,6 +42,9 @@ taken as 1.35 s (0.80 x 1.67).
 - grpo, ccpo, shapley: 30 runs x (12 s + 130 iterations x 0.80 s) = 58.0 run-minutes;
 - sepo: 10 runs x (12 s + 130 iterations x 1.35 s) = 31.2 run-minutes;
 - 89 run-minutes on 2 workers: about 45 minutes.
+The committed table (benchmarks/results/ccpo_learning/) is this default, run whole in one invocation at commit
+2869ead while other helpers' tests and benchmarks shared the machine: 46.4 minutes (0.71-0.76 s per iteration,
+sepo 1.30 s).
 
 Runs go to OUT/<method>/seed<k>/ and are reused when their log dir holds a finished run of the same resolved config
 and warm-started model (benchmarks/llm_learning.py's rule). Outputs in OUT (atomically): results.json (curves with
