@@ -13,6 +13,7 @@ from algorithms.common.errors import VcbmGymError
 from algorithms.common.spec import Arm, canonical_algo
 
 TABULAR, SB3, LLM = "algorithms.tabular.runner", "algorithms.sb3.runner", "algorithms.llm.runner"
+TWO_ROLE = "algorithms.llm.two_role_runner"  # the LLM arm, two roles (issue 35)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ ALGOS: dict[str, AlgoSpec] = {
     "loop": AlgoSpec(LLM, "LOOP: leave-one-out PPO for LLM agents"),
     "vcbm-loop": AlgoSpec(LLM, "VCBM-blended LOOP"),
     "trl-grpo": AlgoSpec(LLM, "TRL's GRPO (sequence-level advantage)"),
+    "ccpo": AlgoSpec(TWO_ROLE, "two roles of one LLM (Thinker, Solver) with CCPO, SEPO or Shapley credit (arXiv 2603.21563)"),
 }
 
 

@@ -8,6 +8,7 @@ Sections (each from its own directory; a missing one is listed as not yet produc
 - sb3_credit/      the same files for SB3 PPO with and without credit rules (benchmarks/sb3_credit.sh)
 - tabular_credit/  the same files for tabular Q-learning (td) with and without credit rules (TABULAR_CREDIT)
 - llm_learning/    benchmarks/llm_learning.py's results.json (its own table function renders it)
+- ccpo_learning/   benchmarks/ccpo_learning.py's results.json + run.json: two-role credit (its own table function)
 - llm_throughput.md  benchmarks/llm_throughput.py's own report (--markdown), rollouts/s old vs new path
 - llm_training_pass.md  benchmarks/llm_training_pass.py's own report (--markdown), TRL's training pass vs shared prompts
 - llm_old_logps.md  benchmarks/llm_old_logps.py's own report (--markdown), seconds per iteration with and without
@@ -171,6 +172,19 @@ def suite_section(title: str, directory: Path, how: str) -> str:
     return f"## {title}\n\n{provenance(record, extra=extra)}\n{table_markdown(results)}\n{plots}\n"
 
 
+def ccpo_section(directory: Path) -> str:
+    """benchmarks/ccpo_learning.py: CCPO, SEPO and the Shapley form against GRPO on TextThinkSolve-v0."""
+    title = "Two-role credit (CCPO, SEPO, Shapley vs GRPO on the shared reward) on TextThinkSolve-v0"
+    results, record = _read(directory / "results.json"), _read(directory / "run.json")
+    if results is None:
+        return f"## {title}\n\nNot produced yet: run `python benchmarks/ccpo_learning.py`.\n"
+    module = _benchmark("ccpo_learning")
+    table = module.table(results, results["window"], results["iterations"], results.get("wall_time_s"))
+    curves = f"\n![curves](results/{directory.name}/curves.png)\n" if (directory / "curves.png").is_file() else ""
+    extra = [("seeds", str(results.get("seeds", NOT_RECORDED))), ("hyperparameters", " ".join(results["hyperparameters"]))]
+    return f"## {title}\n\n{provenance(record, results.get('wall_time_s'), extra)}\n{table}{curves}"
+
+
 def episodic_mujoco_section(directory: Path) -> str:
     """benchmarks/episodic_mujoco.py: SAC on episodic MuJoCo with and without IRCR / RRD, its own table and curves."""
     title = "Episodic-reward MuJoCo: SAC, SAC + IRCR, SAC + RRD and dense SAC"
@@ -304,6 +318,7 @@ def render(results_dir: Path) -> str:
         ),
         compare_section("Tabular Q-learning with credit rules on WatchRepair-v0", results_dir / "tabular_credit", TABULAR_CREDIT),
         llm_section(results_dir / "llm_learning"),
+        ccpo_section(results_dir / "ccpo_learning"),
         throughput_section(results_dir / "llm_throughput.md"),
         training_pass_section(results_dir / "llm_training_pass.md"),
         old_logps_section(results_dir / "llm_old_logps.md"),

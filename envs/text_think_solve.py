@@ -19,6 +19,12 @@ observation is the same text for all 16 records once the note is fixed, so witho
 information no Solver does better than chance (1/2), and a Thinker must pass on both the brand and the
 history, or the decision itself. The table is not shown to either role: it is what the team learns.
 
+`rule="brand"` (the default is `rule="record"`, the above) makes the brand alone decide, as in
+TextWatchRepair: a repair pays for Borealis and Corvina (`BRAND_REPAIRABLE`), whatever the history. The
+Solver still sees no record, so it still cannot beat chance alone, but the Thinker's part is a function
+of one field, not of two: the setting the warm-started tiny model of the LLM arm can learn within a
+CPU budget (benchmarks/ccpo_learning.py), where the record's table needs far more.
+
 The verifier pays the team one shared reward on the Solver's turn: +1 for the right decision, -1 for a
 wrong or invalid one (0 on the Thinker's turn). `noise` (default 0) is the probability that the
 verifier's reward is flipped (drawn once per episode, whatever the answer); it must lie in [0, 0.5): at
@@ -68,12 +74,17 @@ HISTORIES = ("dropped on a stone floor", "caught in the rain", "overwound", "nev
 # brand -> the histories its movement survives: a repair pays there and loses elsewhere. Each brand
 # survives two histories and each history is survived by two brands, so neither alone tells the decision.
 REPAIRABLE: dict[int, frozenset[int]] = {0: frozenset({0, 2}), 1: frozenset({1, 3}), 2: frozenset({0, 2}), 3: frozenset({1, 3})}
+BRAND_REPAIRABLE = frozenset({1, 2})  # rule="brand": repair pays for these brands (TextWatchRepair's), any history
+DECISION_RULES = ("record", "brand")
 MAX_NOTE_CHARS = 2048  # keeps the Solver's observation (prompt + note) inside the Text space's MAX_TEXT
 NOISE_LIMIT = 0.5
 
 
-def optimal_decision(brand: int, history: int) -> str:
-    """The right decision for a record: repair when the brand's movement survives the history."""
+def optimal_decision(brand: int, history: int, rule: str = "record") -> str:
+    """The right decision for a record: repair when the brand's movement survives the history (rule "record"),
+    or when the brand is one whose repair pays (rule "brand")."""
+    if rule == "brand":
+        return "repair" if brand in BRAND_REPAIRABLE else "skip"
     return "repair" if history in REPAIRABLE[brand] else "skip"
 
 
@@ -104,8 +115,18 @@ class TextThinkSolveEnv(gym.Env):
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1, "reset_options": ("brand", "history", "solo", "outcome_seed")}
 
-    def __init__(self, noise: float = 0.0, solo: bool = False, max_note_chars: int = 200, render_mode: str | None = None) -> None:
+    def __init__(
+        self,
+        noise: float = 0.0,
+        solo: bool = False,
+        max_note_chars: int = 200,
+        rule: str = "record",
+        render_mode: str | None = None,
+    ) -> None:
         self.noise = _noise(noise)
+        if rule not in DECISION_RULES:
+            raise ValueError(f"rule={rule!r}: expected one of {', '.join(DECISION_RULES)} (what decides whether a repair pays)")
+        self.rule = rule
         self.solo = _flag("solo", solo)
         integer = not isinstance(max_note_chars, bool) and isinstance(max_note_chars, (int, np.integer))
         if not (integer and 1 <= max_note_chars <= MAX_NOTE_CHARS):
@@ -171,7 +192,7 @@ class TextThinkSolveEnv(gym.Env):
 
     def _solve(self, text: str):
         decision = parse_station_action(text, DECISIONS)
-        right = decision == optimal_decision(self._brand, self._history)
+        right = decision == optimal_decision(self._brand, self._history, self.rule)
         reward = (1.0 if right else -1.0) * (-1.0 if self._flipped else 1.0)
         if decision == "invalid":
             output = f"invalid answer {_printable(text)!r}: expected repair() or skip()."
@@ -197,9 +218,9 @@ class TextThinkSolveEnv(gym.Env):
             "Role: Thinker. A customer's watch has stopped. Its private service record, which only you see: "
             f"brand {BRAND_NAMES[self._brand]}; history: {HISTORIES[self._history]}.\n"
             f"Write a short note (at most {self.max_note_chars} characters) for the Solver. The Solver sees only your "
-            "note, never the record, and must answer repair() or skip(). Whether a repair pays depends on the brand "
-            "and the history together. A verifier scores the Solver's decision +1 if right and -1 if wrong; the "
-            "score is shared by you both."
+            "note, never the record, and must answer repair() or skip(). Whether a repair pays depends on "
+            f"{'the brand and the history together' if self.rule == 'record' else 'the brand'}. A verifier scores the "
+            "Solver's decision +1 if right and -1 if wrong; the score is shared by you both."
         )
 
     def _solver_prompt(self) -> str:
@@ -216,5 +237,5 @@ class TextThinkSolveEnv(gym.Env):
             "solo": self._solo,
             "brand": self._brand,
             "history": self._history,
-            "optimal_decision": optimal_decision(self._brand, self._history),
+            "optimal_decision": optimal_decision(self._brand, self._history, self.rule),
         }

@@ -224,3 +224,20 @@ def test_bad_reset_options_are_one_line_naming_the_value(options):
     ((key, value),) = options.items()
     with pytest.raises(ValueError, match=re.escape(f"{key}={value!r}: expected")):
         TextThinkSolveEnv().reset(seed=0, options=options)
+
+
+def test_under_the_brand_rule_the_brand_alone_decides_and_the_solver_alone_stays_at_chance():
+    env = TextThinkSolveEnv(rule="brand")
+    for brand, history in RECORDS:
+        info = env.reset(seed=0, options={"brand": brand, "history": history})[1]
+        assert info["optimal_decision"] == ("repair" if BRAND_NAMES[brand] in ("Borealis", "Corvina") else "skip")
+        assert env.step("")[1:3] == (0.0, False)
+        assert env.step(f"{info['optimal_decision']}()")[1] == 1.0
+    # the Solver's view carries no record, and half of the brands repair: an always-repair Solver is right half the time
+    rewards = []
+    for seed in range(400):
+        env.reset(seed=seed, options={"solo": True})
+        rewards.append(env.step("repair()")[1])
+    assert abs(np.mean(rewards)) < 3 * 1 / np.sqrt(400)  # mean reward 0 (chance), within 3 standard errors
+    with pytest.raises(ValueError, match="rule='table': expected one of record, brand"):
+        TextThinkSolveEnv(rule="table")

@@ -80,8 +80,8 @@ def lora_config(run_cfg: LoopRunConfig):
 
 
 def build_trainer(spec: RunSpec, cfg: Any, writer: Any):
-    """The run's trainer (LoopTrainer, or MultiTurnGRPOTrainer for trl-grpo) on its model, task seeds and the
-    credit rule, built here from the spec's recipe (`LLMConfig.slot`)."""
+    """The run's trainer (LoopTrainer, MultiTurnGRPOTrainer for trl-grpo, TwoRoleTrainer for ccpo) on its model,
+    task seeds and the credit rule, built here from the spec's recipe (`LLMConfig.slot`)."""
     import torch
     from datasets import Dataset
 
@@ -105,6 +105,10 @@ def build_trainer(spec: RunSpec, cfg: Any, writer: Any):
     )
     if spec.algo == "trl-grpo":
         return MultiTurnGRPOTrainer(**common)
+    if config.slot is None:  # ccpo: a two-role rule, which the trainer builds itself
+        from algorithms.llm.two_role import TwoRoleTrainer
+
+        return TwoRoleTrainer(**common)
     return LoopTrainer(**common, credit_rule=config.slot.build(LLM_CREDIT))
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from trl import GRPOConfig
 
@@ -147,8 +147,8 @@ class LLMConfig:
 
     @property
     def slot(self) -> CreditSlot | None:
-        """The credit rule's recipe; None for trl-grpo (TRL's own group advantage)."""
-        if not hasattr(self.trainer, "credit"):
+        """The credit rule's recipe; None for trl-grpo (TRL's own group advantage) and ccpo (its two-role rules)."""
+        if not getattr(self.trainer, "RULE_CREDIT", False):  # trl-grpo; ccpo's two-role credit (two_role_config.py)
             return None
         return CreditSlot(self.trainer.credit, self.trainer.credit_kwargs)
 
@@ -206,6 +206,8 @@ class MultiTurnGRPOConfig(GRPOConfig):
 
 @dataclass
 class LoopConfig(MultiTurnGRPOConfig):
+    RULE_CREDIT: ClassVar[bool] = True  # `credit` names a rule of vcbm_gym.credit.registry.RULES
+
     # credit: a rule of vcbm_gym.credit (LOOP: loo, Eq. 6; VCBM-LOOP: vcbm_blend, Eq. 12-14)
     credit: str = field(default=DEFAULT_CREDIT["loop"], metadata={"help": "credit rule name (vcbm_gym.credit.registry.RULES)"})
     credit_kwargs: dict = field(
@@ -222,6 +224,10 @@ class LoopConfig(MultiTurnGRPOConfig):
     length_norm: bool = field(default=True, metadata={"help": "EMPO: length-normalised response ratios"})
     objective: str = field(default="ppo_clip", metadata={"help": f"base objective, one of {OBJECTIVES}"})
 
+    def check_credit(self) -> None:
+        """Refuse a credit rule the LLM arm cannot run (one line); the run builds the rule itself."""
+        credit_slot(self.credit, self.credit_kwargs).check(LLM_CREDIT)
+
     # LOOP defaults where TRL's differ
     epsilon: float = 0.1
     beta: float = 0.0
@@ -237,7 +243,7 @@ class LoopConfig(MultiTurnGRPOConfig):
     vllm_importance_sampling_mode: str = "token_truncate"
 
     def __post_init__(self) -> None:
-        credit_slot(self.credit, self.credit_kwargs).check(LLM_CREDIT)  # the run builds the rule itself
+        self.check_credit()
         if self.ratio_sharing not in RATIO_SHARING:
             raise ValueError(f"ratio_sharing={self.ratio_sharing!r}: expected one of {RATIO_SHARING}")
         if self.objective not in OBJECTIVES:

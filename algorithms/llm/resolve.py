@@ -3,7 +3,7 @@ config.yml records (`hyperparams`) and the typed configs built from them (`confi
 rule from their recipe).
 
 Each config is built here once per run: `LoopRunConfig` and the trainer's config (`LoopConfig` for
-loop / vcbm-loop, `MultiTurnGRPOConfig` for trl-grpo, with the budget it derives from `iterations`),
+loop / vcbm-loop, `TwoRoleConfig` for ccpo, `MultiTurnGRPOConfig` for trl-grpo, with the budget it derives from `iterations`),
 and the credit rule. The run later sets only what it decides itself (output dir, seed, progress bar).
 """
 
@@ -19,6 +19,7 @@ from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_va
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.spec import RunSpec
 from algorithms.llm.config import DEFAULT_CREDIT, LLM_CREDIT, LLMConfig, LoopConfig, LoopRunConfig, MultiTurnGRPOConfig
+from algorithms.llm.two_role_config import TWO_ROLE_DEFAULT, TwoRoleConfig
 
 # Keys of the earlier shape (credit: loo | vcbm with vcbm_* beside it) -> their vcbm_blend argument.
 MOVED_KEYS = {
@@ -69,14 +70,21 @@ REPORTED = (
     "activation_checkpointing",
 )
 RUN_KEYS = frozenset(f.name for f in dataclasses.fields(LoopRunConfig))
+# Each algo's own credit when no config names one: LOOP's rules, and ccpo's two-role rule (two_role_config.py)
+OWN_CREDIT = {**DEFAULT_CREDIT, "ccpo": TWO_ROLE_DEFAULT}
+TWO_ROLE_REPORTED = ("objective", "role_schedule", "switch_every")
 
 
 def trainer_config_class(algo: str) -> type[MultiTurnGRPOConfig]:
+    if algo == "ccpo":
+        return TwoRoleConfig
     return MultiTurnGRPOConfig if algo == "trl-grpo" else LoopConfig
 
 
 def reported(algo: str) -> tuple[str, ...]:
     """The trainer-config fields config.yml records for `algo` (trl-grpo: TRL's objective's, not LOOP's)."""
+    if algo == "ccpo":
+        return REPORTED + TWO_ROLE_REPORTED
     if algo != "trl-grpo":
         return REPORTED
     loop_only = {f.name for f in dataclasses.fields(LoopConfig)} - {f.name for f in dataclasses.fields(MultiTurnGRPOConfig)}
@@ -120,14 +128,14 @@ def settled_mapping(algo: str, mapping: Mapping[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"hyperparameter {key}={mapping[key]!r} for algo {algo!r}: the run sets it ({RUN_SET[key]}); expected no {key}"
         )
-    if algo in DEFAULT_CREDIT:
-        mapping.setdefault("credit", DEFAULT_CREDIT[algo])
+    if algo in OWN_CREDIT:
+        mapping.setdefault("credit", OWN_CREDIT[algo])
     elif "credit" in mapping or "credit_kwargs" in mapping:
         raise ConfigError(
             f"credit={mapping.get('credit')!r} for algo {algo!r}: trl-grpo keeps TRL's own group advantage; "
             f"expected --algo loop or vcbm-loop for a credit rule"
         )
-    if algo not in DEFAULT_CREDIT and "objective" in mapping:
+    if algo not in OWN_CREDIT and "objective" in mapping:
         raise ConfigError(
             f"objective={mapping['objective']!r} for algo {algo!r}: trl-grpo keeps TRL's own loss; expected --algo loop "
             "or vcbm-loop, or TRL's own importance_sampling_level: sequence (its GSPO)"

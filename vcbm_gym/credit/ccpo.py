@@ -7,9 +7,10 @@ answer R in {-1, +1}. Each function maps a batch of such episodes, one row each,
 advantages; rows of one prompt share a group id (the prompt's n thoughts). docs/papers/ccpo.md lists where each
 equation lives and the choices made where the paper or its code is ambiguous.
 
-These functions are not rules of the `RULES` table (vcbm_gym/credit/registry.py): a rule there must fit some arm,
-and no arm plays two-role episodes yet (the LLM arm's two-role trainer is issue 35's next step). Inputs are
-checked here, one ValueError line each, since no arm checks them first.
+These functions are not rules of the `RULES` table (vcbm_gym/credit/registry.py): a rule there maps one EpisodeBatch
+of single-agent episodes to credit, while these need each episode's counterfactual (solo) outcome and its role.
+The LLM arm's two-role trainer (`--algo ccpo`, algorithms/llm/two_role.py) calls `role_rewards` on its trained rows.
+Inputs are checked here, one ValueError line each.
 """
 
 from __future__ import annotations
@@ -258,3 +259,79 @@ def shapley_credit(r_joint: Any, r_solo: Any) -> tuple[np.ndarray, np.ndarray]:
     joint = _outcomes("r_joint", r_joint)
     solo = _within_unit("r_solo", r_solo, len(joint))
     return (joint - solo) / 2.0, solo / 2.0 + joint / 2.0
+
+
+# --- per-role rewards of a batch of trained rows -----------------------------------------------------------
+TWO_ROLE_CREDITS = ("ccpo", "sepo", "shapley", "grpo")  # grpo: both roles paid the shared R_joint (the baseline)
+ROLES = ("thinker", "solver")
+CREDIT_ARGUMENTS = {
+    "ccpo": {"bonus": "event", "lam": THINKER_BONUS_WEIGHT, "group_baseline": True},
+    "sepo": {"eta": SELF_WEIGHT, "credit_weight": SEPO_CREDIT_WEIGHT, "blame_weight": SEPO_BLAME_WEIGHT},
+    "shapley": {},
+    "grpo": {},
+}
+
+
+def credit_arguments(credit: str, kwargs: Any = None) -> dict[str, Any]:
+    """Rule `credit`'s arguments: CREDIT_ARGUMENTS[credit] updated by `kwargs`, each checked (one ValueError line)."""
+    if credit not in TWO_ROLE_CREDITS:
+        raise ValueError(f"credit={credit!r}: expected one of {', '.join(TWO_ROLE_CREDITS)} (the two-role credit rules)")
+    given = dict(kwargs or {})
+    unknown = sorted(set(given) - set(CREDIT_ARGUMENTS[credit]))
+    if unknown:
+        known = ", ".join(CREDIT_ARGUMENTS[credit]) or "none"
+        raise ValueError(f"credit_kwargs[{credit!r}] has {unknown[0]!r}: expected only {known}")
+    out = {**CREDIT_ARGUMENTS[credit], **given}
+    if credit == "ccpo":
+        if out["bonus"] not in BONUS_FORMS:
+            raise ValueError(f"bonus={out['bonus']!r}: expected one of {', '.join(BONUS_FORMS)}")
+        out["lam"] = options.number("lam", out["lam"], 0)
+        out["group_baseline"] = options.flag("group_baseline", out["group_baseline"])
+    elif credit == "sepo":
+        out["eta"] = options.number("eta", out["eta"], 0, 1)
+        out["credit_weight"] = options.number("credit_weight", out["credit_weight"], 0)
+        out["blame_weight"] = options.number("blame_weight", out["blame_weight"], 0)
+    return out
+
+
+def role_rewards(
+    credit: str,
+    roles: Any,
+    r_joint: Any,
+    r_solo: Any,
+    group_ids: Any,
+    thinker_splits: Any = None,
+    solver_splits: Any = None,
+    **kwargs: Any,
+) -> np.ndarray:
+    """Each row's reward under two-role rule `credit`: the Thinker's reward on a "thinker" row, the Solver's on a
+    "solver" row.
+
+    Row k is one episode of prompt group_ids[k] (a Thinker's thought and the Solver's joint answer to it, R_joint,
+    and the Solver's solo answer to the problem alone, R_solo), trained in role roles[k]:
+    - ccpo: `ccpo_rewards` against `group_solo_baseline` (or the row's own R_solo when group_baseline is False);
+    - sepo: `sepo_rewards` on the splits both roles wrote (rows of (Thinker share, Solver share));
+    - shapley: `shapley_credit` with the row's own R_solo (the reference pairs joint rollout k with solo rollout k);
+    - grpo: R_joint for both roles (plain GRPO on the shared reward, the baseline).
+    The group baseline and SEPO's centring are over a group's rows, so a group's rows must all be in the batch."""
+    args = credit_arguments(credit, kwargs)
+    joint = _outcomes("r_joint", r_joint)
+    solo = _outcomes("r_solo", r_solo, len(joint))
+    groups = _group_ids(group_ids, len(joint))
+    role = np.asarray(roles, dtype=object)
+    if role.shape != joint.shape or not np.isin(role, ROLES).all():
+        raise ValueError(f"roles: expected {len(joint)} of {ROLES}, one per episode; got {list(role)[:4]}...")
+    if credit == "ccpo":
+        baseline = group_solo_baseline(solo, groups) if args["group_baseline"] else solo
+        thinker, solver = ccpo_rewards(joint, baseline, bonus=args["bonus"], lam=args["lam"])
+    elif credit == "sepo":
+        if thinker_splits is None or solver_splits is None:
+            raise ValueError("credit='sepo': expected thinker_splits and solver_splits, an (n, 2) split per episode each")
+        thinker, solver = sepo_rewards(
+            joint, thinker_splits, solver_splits, groups, args["eta"], args["credit_weight"], args["blame_weight"]
+        )
+    elif credit == "shapley":
+        thinker, solver = shapley_credit(joint, solo)
+    else:
+        thinker, solver = joint, joint
+    return np.where(role == "thinker", thinker, solver)
