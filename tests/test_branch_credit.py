@@ -150,19 +150,20 @@ def test_a_continuation_from_a_snapshot_replays_the_episode_under_the_same_answe
         return [(answers[min((c.count(start) - 3) // 2, 1)], [-0.5] * 2) for c in contexts]
 
     kwargs = {"max_turns": 3, "noise_scale": 1.0}
+    BOUNDS = (3, 20_000, False, None)  # max_turns, truncation_chars, lockstep, max_episode_tokens
     envs = [gym.make("TextWatchRepair-v0", **kwargs) for _ in range(4)]
     (episode,) = play_episodes(scripted, tok, envs[:1], [5], max_turns=3, outcome_seeds=[11], snapshots=True)
     assert len(episode.snapshots) == len(episode.turn_rewards) == 3 and episode.effects == ["repair", "wait", "wait"]
-    same = play_continuations(scripted, tok, envs[1:], [(episode, 0, None), (episode, 1, None), (episode, 2, None)], 3)
+    same = play_continuations(scripted, tok, envs[1:], [(episode, 0, None), (episode, 1, None), (episode, 2, None)], *BOUNDS)
     for turn, c in enumerate(same):  # bit-identical: the same prefix, then the same turns and rewards
         assert c.completion_ids == episode.completion_ids and c.messages == episode.messages
         assert c.turn_rewards == episode.turn_rewards[turn:] and c.episode_return == pytest.approx(sum(episode.turn_rewards[turn:]))
-    redrawn = play_continuations(scripted, tok, envs[1:], [(episode, 0, s) for s in (1, 2, 3)], 3)
+    redrawn = play_continuations(scripted, tok, envs[1:], [(episode, 0, s) for s in (1, 2, 3)], *BOUNDS)
     returns = {round(c.episode_return, 9) for c in redrawn}
     assert len(returns) > 1  # fresh outcome seeds: independent draws of the noisy outcome
     with pytest.raises(ValueError, match="has no snapshot"):
         plain = play_episodes(scripted, tok, envs[:1], [5], max_turns=3)
-        play_continuations(scripted, tok, envs[1:], [(plain[0], 1, None)], 3)
+        play_continuations(scripted, tok, envs[1:], [(plain[0], 1, None)], *BOUNDS)
 
 
 SMALL = [

@@ -344,7 +344,7 @@ def play_episodes(
 
 def _play_turns(
     generate, tokenizer, episodes: list[Episode], envs, turns: list[int], max_turns: int, truncation_chars: int, lockstep: bool,
-    max_episode_tokens: int | None, snapshots: bool = False,
+    max_episode_tokens: int | None, snapshots: bool,
 ) -> None:
     """Play every episode to its end, episode i from its turn turns[i]; one batched generation per round, at most
     `max_turns` rounds (every episode takes one turn per round until it ends; lockstep: all `max_turns` rounds)."""
@@ -400,9 +400,9 @@ def play_continuations(
     envs: Sequence[gym.Env],
     starts: Sequence[tuple[Episode, int, int | None]],
     max_turns: int,
-    truncation_chars: int = 20_000,
-    lockstep: bool = False,
-    max_episode_tokens: int | None = None,
+    truncation_chars: int,
+    lockstep: bool,
+    max_episode_tokens: int | None,
 ) -> list[Episode]:
     """One continuation per (episode, turn, outcome seed) of `starts`, played to its end by `generate` (the current
     policy): env i restored to the episode's snapshot at the start of that turn (`restore(env, state, outcome_seed)`:
@@ -424,7 +424,7 @@ def play_continuations(
         restore(env, episode.snapshots[turn], outcome_seed)
         episodes.append(branch_episode(episode, turn))
         turns.append(turn)
-    _play_turns(generate, tokenizer, episodes, list(envs), turns, max_turns, truncation_chars, lockstep, max_episode_tokens)
+    _play_turns(generate, tokenizer, episodes, list(envs), turns, max_turns, truncation_chars, lockstep, max_episode_tokens, False)
     return episodes
 
 

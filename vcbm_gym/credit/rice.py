@@ -120,7 +120,8 @@ class RICERule(BranchRule):
         stats = [anchor_statistics(rewards[a:].sum(), *branches[a]) for a in anchors]
         advantages = np.array([s[0] for s in stats])
         gates = np.array([gate_open(i, r, self.influence_threshold, self.residual_threshold) for _, i, r in stats], bool)
-        return rice_turn_credit(len(rewards), anchors, advantages, gates), gates
+        n_turns = max(len(rewards), int(anchors.max()) + 1 if len(anchors) else 0)
+        return rice_turn_credit(n_turns, anchors, advantages, gates), gates
 
     def advantages(self, batch: EpisodeBatch) -> np.ndarray:
         per_turn = []
