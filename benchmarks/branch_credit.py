@@ -21,7 +21,8 @@ the continuations). Per seed: iterations, episodes + continuations and wall seco
 (the first iteration whose trailing mean over `--window` iterations is >= 0.9; censored at the budget and flagged,
 entering every statistic at the budget: a lower bound that favours it), the final optimal rate (mean of the last
 `--window` iterations) and the optimal rate at loop's compute (the trailing-window mean at the last iteration
-whose cumulative episodes + continuations do not exceed loop's whole budget, `rollouts x iterations`). Against
+whose cumulative episodes + continuations do not exceed loop's whole budget, `rollouts x iterations`; the first
+iteration's when even that one exceeds it). Against
 loop: the probability of improvement (algorithms.stats, percentile-bootstrap 95% CI) on each of these.
 
 Settings: `twr-low`, `twr-paper` and `workshop-low` are benchmarks/llm_learning.py's (same hyperparameters, seeds
@@ -120,17 +121,15 @@ def estimate_text(rows: list, workers: int) -> str:
     lines = []
     for name in dict.fromkeys(row[0] for row in rows):
         mine = [row for row in rows if row[0] == name]
-        per_method = ", ".join(
-            f"{m} {rate(SETTINGS[name], m)} s" for m in dict.fromkeys(row[1] for row in mine)
-        )
+        per_method = ", ".join(f"{m} {rate(SETTINGS[name], m)} s" for m in dict.fromkeys(row[1] for row in mine))
+        reduced = f" (REDUCED: {REDUCED[name]})" if name in REDUCED else ""
+        minutes = sum(r[4] for r in mine) / 60
         lines.append(
-            f"{name}{' (REDUCED: ' + REDUCED[name] + ')' if name in REDUCED else ''}: {len(mine)} runs of {mine[0][3]} "
-            f"iterations ({per_method} per iteration, {base.START_S:.0f} s start) = {sum(r[4] for r in mine) / 60:.1f} run-minutes"
+            f"{name}{reduced}: {len(mine)} runs of {mine[0][3]} iterations ({per_method} per iteration, "
+            f"{base.START_S:.0f} s start) = {minutes:.1f} run-minutes"
         )
-    total = sum(row[4] for row in rows)
-    lines.append(
-        f"total {total / 60:.1f} run-minutes on {workers} workers: about {base.makespan([r[4] for r in rows], workers) / 60:.0f} min"
-    )
+    total, span = sum(row[4] for row in rows), base.makespan([r[4] for r in rows], workers)
+    lines.append(f"total {total / 60:.1f} run-minutes on {workers} workers: about {span / 60:.0f} min")
     return "\n".join(lines)
 
 
@@ -140,11 +139,10 @@ def at_target(values: np.ndarray, hit: int) -> float:
 
 
 def rate_within(rates: np.ndarray, cumulative: np.ndarray, limit: float, window: int) -> float:
-    """The trailing-window mean rate at the last iteration whose cumulative compute is <= limit (NaN if none is)."""
+    """The trailing-window mean rate at the last iteration whose cumulative compute is <= limit (the first iteration's
+    rate when even that one exceeds it)."""
     inside = np.flatnonzero(cumulative <= limit + 1e-9)
-    if not len(inside):
-        return float("nan")
-    last = int(inside[-1]) + 1
+    last = int(inside[-1]) + 1 if len(inside) else 1
     return float(rates[max(0, last - window) : last].mean())
 
 
@@ -247,7 +245,7 @@ def table(results: dict, window: int, wall_s: float | None = None) -> str:
                 f"{np.mean(m['final_optimal_rate']):.3f} | {m['episodes_and_continuations_per_iteration']:,.0f} | "
                 f"{p['extra_env_steps']:,.0f} | {p['extra_model_calls']:,.0f} | {p['extra_generated_tokens']:,.0f} | "
                 f"{m['seconds_per_iteration']:.2f} | {_median(m['compute_to_90'], m['reached_90'])} | "
-                f"{_median(m['wall_s_to_90'], m['reached_90'])} | {np.nanmean(m['rate_at_loop_compute']):.3f} |"
+                f"{_median(m['wall_s_to_90'], m['reached_90'])} | {np.mean(m['rate_at_loop_compute']):.3f} |"
             )
     lines.append("")
     for name, r in results.items():
@@ -301,7 +299,9 @@ def plot(results: dict, path: Path) -> None:
             ax.set_xlabel(label)
             ax.set_ylabel(f"{name}\noptimal-decision rate" if col == 0 else "")
         axes[row][0].legend(fontsize=7)
-    fig.suptitle("mean across seeds with 95% t-intervals; x: iterations, cumulative episodes + continuations, wall time", fontsize=9)
+    fig.suptitle(
+        "mean across seeds with 95% t-intervals; x: iterations, cumulative episodes + continuations, wall time", fontsize=9
+    )
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=100)

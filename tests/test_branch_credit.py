@@ -157,7 +157,9 @@ def test_a_continuation_from_a_snapshot_replays_the_episode_under_the_same_answe
     same = play_continuations(scripted, tok, envs[1:], [(episode, 0, None), (episode, 1, None), (episode, 2, None)], *BOUNDS)
     for turn, c in enumerate(same):  # bit-identical: the same prefix, then the same turns and rewards
         assert c.completion_ids == episode.completion_ids and c.messages == episode.messages
-        assert c.turn_rewards == episode.turn_rewards[turn:] and c.episode_return == pytest.approx(sum(episode.turn_rewards[turn:]))
+        assert c.turn_rewards == episode.turn_rewards[turn:] and c.episode_return == pytest.approx(
+            sum(episode.turn_rewards[turn:])
+        )
     redrawn = play_continuations(scripted, tok, envs[1:], [(episode, 0, s) for s in (1, 2, 3)], *BOUNDS)
     returns = {round(c.episode_return, 9) for c in redrawn}
     assert len(returns) > 1  # fresh outcome seeds: independent draws of the noisy outcome

@@ -82,7 +82,11 @@ def batches(draw, n_components: int = 3, max_value: int = 2, prefix: bool = Fals
         turn_flags={"state_mutating": flags},
         turn_texts=texts,
         final_texts=[draw(words) for _ in range(b)],
-        extras={"anchor_keys": [[str(o) for o in obs[i, :, 0]] for i in range(b)], "coalition_values": tables, "branches": branches},
+        extras={
+            "anchor_keys": [[str(o) for o in obs[i, :, 0]] for i in range(b)],
+            "coalition_values": tables,
+            "branches": branches,
+        },
     )
 
 

@@ -284,7 +284,9 @@ def _take_turn(tokenizer, e: Episode, env, turn: int, answer, text: str, last_tu
     return env_reply_text(tokenizer, str(obs), bool(ids) and ids[-1] == tokenizer.eos_token_id)
 
 
-def _append_replies(tokenizer, episodes: list[Episode], replies: dict[int, str], turns: Sequence[int], max_episode_tokens) -> None:
+def _append_replies(
+    tokenizer, episodes: list[Episode], replies: dict[int, str], turns: Sequence[int], max_episode_tokens
+) -> None:
     """Tokenize the env replies in one call and append each to its episode (env_mask 0, the turn id of the turn it
     answers, turns[i]), or end it at the token bound."""
     encoded = tokenizer(list(replies.values()), add_special_tokens=False)["input_ids"] if replies else []
@@ -338,13 +340,32 @@ def play_episodes(
     if outcome_seeds is not None and len(outcome_seeds) != len(task_seeds):
         raise ValueError(f"{len(outcome_seeds)} outcome seeds for {len(task_seeds)} task seeds: expected one per task seed")
     episodes = _reset_episodes(tokenizer, envs, task_seeds, one_shot, system_prompt, max_episode_tokens, outcome_seeds)
-    _play_turns(generate, tokenizer, episodes, envs, [0] * len(episodes), max_turns, truncation_chars, lockstep, max_episode_tokens, snapshots)
+    _play_turns(
+        generate,
+        tokenizer,
+        episodes,
+        envs,
+        [0] * len(episodes),
+        max_turns,
+        truncation_chars,
+        lockstep,
+        max_episode_tokens,
+        snapshots,
+    )
     return episodes
 
 
 def _play_turns(
-    generate, tokenizer, episodes: list[Episode], envs, turns: list[int], max_turns: int, truncation_chars: int, lockstep: bool,
-    max_episode_tokens: int | None, snapshots: bool,
+    generate,
+    tokenizer,
+    episodes: list[Episode],
+    envs,
+    turns: list[int],
+    max_turns: int,
+    truncation_chars: int,
+    lockstep: bool,
+    max_episode_tokens: int | None,
+    snapshots: bool,
 ) -> None:
     """Play every episode to its end, episode i from its turn turns[i]; one batched generation per round, at most
     `max_turns` rounds (every episode takes one turn per round until it ends; lockstep: all `max_turns` rounds)."""
@@ -424,7 +445,9 @@ def play_continuations(
         restore(env, episode.snapshots[turn], outcome_seed)
         episodes.append(branch_episode(episode, turn))
         turns.append(turn)
-    _play_turns(generate, tokenizer, episodes, list(envs), turns, max_turns, truncation_chars, lockstep, max_episode_tokens, False)
+    _play_turns(
+        generate, tokenizer, episodes, list(envs), turns, max_turns, truncation_chars, lockstep, max_episode_tokens, False
+    )
     return episodes
 
 
@@ -445,7 +468,14 @@ def turn_entropies(model, episodes: Sequence[Episode], temperature: float) -> li
             entropy = -(logps.exp() * logps).sum(-1).cpu().numpy()
             generated, turn_ids = np.asarray(e.env_mask, bool), np.asarray(e.turn_ids)
             n_turns = len(e.turn_rewards)
-            out.append(np.array([entropy[generated & (turn_ids == t)].mean() if (generated & (turn_ids == t)).any() else np.nan for t in range(n_turns)]))
+            out.append(
+                np.array(
+                    [
+                        entropy[generated & (turn_ids == t)].mean() if (generated & (turn_ids == t)).any() else np.nan
+                        for t in range(n_turns)
+                    ]
+                )
+            )
     finally:
         if was_training:
             model.train()
