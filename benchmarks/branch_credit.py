@@ -40,7 +40,9 @@ slower hour (RATES below: 0.8, 1.7, 7.0 and 3.0 s) and START_S (12 s) per run:
 - the full protocol, twr-paper (10 seeds x 220 iterations): 10 x (4 x 12 s + 220 x 12.5 s) = 466 run-minutes, about
   3.9 hours on 2 workers; twr-low at 10 seeds about 77 minutes; the workshop (8 turns: VinePPO would play 48 x 8 x 9
   = 3,456 continuations of up to 8 turns per iteration) was not measured and is not run.
-`--estimate` prints this arithmetic for any selection.
+`--estimate` prints this arithmetic for any selection. The committed table (benchmarks/results/branch_credit/) is the
+default, twr-low-reduced, run whole in one invocation at commit 6e6a49b: 39.0 minutes, as planned (vineppo 5.9 s,
+rice 3.2 s, vcbm-loop 1.5 s and loop 1.3 s per iteration, measured in it; the machine's load average was 14-15).
 
 Runs go to OUT/<setting>/<method>/seed<k>/ and are reused as benchmarks/llm_learning.py reuses them (a finished
 run of the same resolved config and warm-start). Outputs in OUT (each written atomically): `results.json` (per
