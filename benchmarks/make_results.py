@@ -9,6 +9,8 @@ Sections (each from its own directory; a missing one is listed as not yet produc
 - tabular_credit/  the same files for tabular Q-learning (td) with and without credit rules (TABULAR_CREDIT)
 - llm_learning/    benchmarks/llm_learning.py's results.json (its own table function renders it)
 - ccpo_learning/   benchmarks/ccpo_learning.py's results.json + run.json: two-role credit (its own table function)
+- branch_credit/   benchmarks/branch_credit.py's results.json (its own table function renders it): vineppo and rice
+                   beside loop and vcbm-loop, per iteration and per unit of compute
 - llm_throughput.md  benchmarks/llm_throughput.py's own report (--markdown), rollouts/s old vs new path
 - llm_training_pass.md  benchmarks/llm_training_pass.py's own report (--markdown), TRL's training pass vs shared prompts
 - llm_old_logps.md  benchmarks/llm_old_logps.py's own report (--markdown), seconds per iteration with and without
@@ -308,6 +310,24 @@ def old_logps_section(markdown: Path) -> str:
     return own_report_section(title, markdown, command)
 
 
+def branch_credit_section(directory: Path) -> str:
+    results, record = _read(directory / "results.json"), _read(directory / "run.json")
+    title = "Branch-based credit in the LLM arm: vineppo and rice beside loop and vcbm-loop, per iteration and per compute"
+    if results is None:
+        return f"## {title}\n\nNot produced yet: run `python benchmarks/branch_credit.py`.\n"
+    module = _benchmark("branch_credit")
+    table = module.table(results["settings"], results["window"], results.get("wall_time_s"))
+    reduced = [f"{name}: {r['reduced']}" for name, r in results["settings"].items() if r.get("reduced")]
+    note = (
+        f"\nREDUCED, not the full protocol (twr-paper, 10 seeds, 220 iterations; the script's docstring gives its cost): "
+        f"{'; '.join(reduced)}.\n"
+        if reduced
+        else ""
+    )
+    curves = f"\n![curves](results/{directory.name}/curves.png)\n" if (directory / "curves.png").is_file() else ""
+    return f"## {title}\n\n{provenance(record, results.get('wall_time_s'))}{note}\n{table}{curves}"
+
+
 def render(results_dir: Path) -> str:
     sections = [
         compare_section(
@@ -319,6 +339,7 @@ def render(results_dir: Path) -> str:
         compare_section("Tabular Q-learning with credit rules on WatchRepair-v0", results_dir / "tabular_credit", TABULAR_CREDIT),
         llm_section(results_dir / "llm_learning"),
         ccpo_section(results_dir / "ccpo_learning"),
+        branch_credit_section(results_dir / "branch_credit"),
         throughput_section(results_dir / "llm_throughput.md"),
         training_pass_section(results_dir / "llm_training_pass.md"),
         old_logps_section(results_dir / "llm_old_logps.md"),

@@ -39,6 +39,8 @@ RULE_KWARGS = {
     "rudder": {},
     "ircr": {},
     "rrd": {"min_buffer_episodes": 1, "train_steps": 2, "episodes_per_step": 4, "subsequence_size": 3},
+    "vineppo": {},
+    "rice": {},
 }
 WORDS = ["repair", "skip", "wait", "corvina", "bumps", "sold"]
 
@@ -48,7 +50,8 @@ def batches(draw, n_components: int = 3, max_value: int = 2, prefix: bool = Fals
     """Random batches; `prefix`: every episode is a non-empty prefix of its row (SB3, rudder).
 
     Every step is its own turn; the batch also holds the turn-level inputs of the LLM rules
-    (state_mutating flags, turn and final texts, GiGPO anchors) and CASI's coalition tables.
+    (state_mutating flags, turn and final texts, GiGPO anchors, the branch rules' continuations) and CASI's
+    coalition tables.
     """
     b = draw(st.integers(1, 6))
     t = draw(st.integers(1, 7))
@@ -65,6 +68,11 @@ def batches(draw, n_components: int = 3, max_value: int = 2, prefix: bool = Fals
     words = st.lists(st.sampled_from(WORDS), min_size=0, max_size=3).map(" ".join)
     texts = [draw(st.lists(words, min_size=t, max_size=t)) for _ in range(b)]
     tables = [draw(hnp.arrays(np.float64, (2**t,), elements=st.floats(-5, 5, allow_nan=False))) for _ in range(b)]
+    outcomes = st.floats(-50, 50, allow_nan=False)
+    branches = [  # the branch rules' continuations (vcbm_gym/credit/branch.py): 3 at the start of every turn
+        {j: (draw(hnp.arrays(np.float64, (3,), elements=outcomes)), draw(hnp.arrays(np.bool_, (3,)))) for j in range(t)}
+        for _ in range(b)
+    ]
     return EpisodeBatch(
         np.where(mask, rewards, 0.0),
         mask,
@@ -74,7 +82,11 @@ def batches(draw, n_components: int = 3, max_value: int = 2, prefix: bool = Fals
         turn_flags={"state_mutating": flags},
         turn_texts=texts,
         final_texts=[draw(words) for _ in range(b)],
-        extras={"anchor_keys": [[str(o) for o in obs[i, :, 0]] for i in range(b)], "coalition_values": tables},
+        extras={
+            "anchor_keys": [[str(o) for o in obs[i, :, 0]] for i in range(b)],
+            "coalition_values": tables,
+            "branches": branches,
+        },
     )
 
 

@@ -58,6 +58,7 @@ LLM_BATCH_PROVIDES = frozenset(
         "turn_texts",
         "final_texts",
         "extras['anchor_keys']",
+        "extras['branches']",  # the continuations of a branch-based rule (vineppo, rice), played by LoopTrainer
     }
 )
 # The env info keys the rollout reads into the batch (algorithms/llm/rollout.py), in the terms of

@@ -105,10 +105,47 @@ def resolve(algo: str, env_id: str, seed: int, mapping: Mapping[str, Any]) -> Ru
             config.slot.build(LLM_CREDIT)
         except ValueError as exc:
             raise ConfigError(f"algo {algo!r}: {exc}") from None
+        check_branch_env(config.slot.credit, env_id, run_cfg.env_kwargs)
     hyperparams = as_plain_dict(run_cfg)
     for name in list(reported(algo)) + [k for k in mapping if k not in hyperparams]:
         hyperparams[name] = plain(getattr(trainer_cfg, name))
     return RunSpec(algo, env_id, seed, hyperparams, config)
+
+
+def check_branch_env(credit: str, env_id: str, env_kwargs: Mapping[str, Any]) -> None:
+    """A branch-based credit rule (vineppo, rice: vcbm_gym/credit/branch.py) restarts continuations from env snapshots:
+    an env without the snapshot protocol (envs/snapshot.py) is one ConfigError line, before anything is written. An env
+    class without snapshot()/restore() is refused from its registration alone (AppWorld's is never started); any other
+    is made once and its wrapper chain checked (`snapshot_problem`)."""
+    from vcbm_gym.credit.base import NO_CREDIT
+    from vcbm_gym.credit.branch import BranchRule
+    from vcbm_gym.credit.registry import rule_class
+
+    if credit == NO_CREDIT or not issubclass(rule_class(credit), BranchRule):
+        return
+    import gymnasium as gym
+
+    import vcbm_gym  # noqa: F401  (registers the envs)
+    from envs.snapshot import GYMNASIUM_ENV_FIELDS, snapshot_problem
+
+    try:
+        entry = gym.spec(env_id).entry_point
+    except gym.error.Error:
+        return  # an unknown env id: the run's own check names it
+    cls = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+    if isinstance(cls, type) and not (hasattr(cls, "snapshot") and hasattr(cls, "restore")) and cls not in GYMNASIUM_ENV_FIELDS:
+        problem = f"env {cls.__name__} offers no snapshot()/restore() (envs.snapshot.Snapshotable)"
+    else:
+        env = gym.make(env_id, **env_kwargs)
+        try:
+            problem = snapshot_problem(env)
+        finally:
+            env.close()
+    if problem is not None:
+        raise ConfigError(
+            f"credit={credit!r} on {env_id}: {problem}; expected an env with the snapshot protocol (envs/snapshot.py), "
+            "which this rule's continuations restart from"
+        )
 
 
 def settled_mapping(algo: str, mapping: Mapping[str, Any]) -> dict[str, Any]:

@@ -24,16 +24,29 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import gymnasium as gym
+import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper
 
 from algorithms.common.errors import VcbmGymError
 from algorithms.llm.decode import CachedGeneration, answers_until_eos, full_attention_only, left_padded
 from algorithms.llm.prompting import WITH_ONE_SHOT, initial_messages, prompt_chars, truncate_messages
+from envs.snapshot import restore, snapshot
 from vcbm_gym.contract import check_reward, env_name
 
 # CachedGeneration and full_attention_only: the trainer's rollout generation imports them from here
-__all__ = ["CachedGeneration", "Episode", "env_reply_text", "full_attention_only", "hf_generate", "play_episodes", "render"]
+__all__ = [
+    "CachedGeneration",
+    "Episode",
+    "branch_episode",
+    "env_reply_text",
+    "full_attention_only",
+    "hf_generate",
+    "play_continuations",
+    "play_episodes",
+    "render",
+    "turn_entropies",
+]
 
 
 @dataclass
@@ -48,6 +61,11 @@ class Episode:
     turn_texts: list[str] = field(default_factory=list)
     effects: list[Any] = field(default_factory=list)  # EMPO effect per turn, info["effect"] (None: none)
     decision_turns: list[bool] = field(default_factory=list)  # evaluation only: info["is_decision_turn"]
+    turn_rewards: list[float] = field(default_factory=list)  # the env's reward at each turn
+    # where each turn started: (len(completion_ids), len(messages)) before its answer, and, when the rollout was
+    # asked for them (play_episodes(snapshots=True)), the env's snapshot there (envs.snapshot): a branch point
+    turn_starts: list[tuple[int, int]] = field(default_factory=list)
+    snapshots: list[Any] = field(default_factory=list)
     final_text: str = ""
     episode_return: float = 0.0
     last_info: dict[str, Any] = field(default_factory=dict)
@@ -250,7 +268,9 @@ def _take_turn(tokenizer, e: Episode, env, turn: int, answer, text: str, last_tu
     e.logprobs += lps
     e.turn_ids += [turn] * len(ids)
     obs, reward, terminated, truncated, info = env.step(text)
-    e.episode_return += check_reward(reward, env_name(env), f"turn {turn + 1} of the episode of task seed {e.task_seed}")
+    reward = check_reward(reward, env_name(env), f"turn {turn + 1} of the episode of task seed {e.task_seed}")
+    e.episode_return += reward
+    e.turn_rewards.append(reward)
     e.state_mutating.append(bool(info.get("state_mutating", False)))
     e.turn_texts.append(str(info.get("execution_output", obs)))
     e.effects.append(info.get("effect"))
@@ -264,8 +284,11 @@ def _take_turn(tokenizer, e: Episode, env, turn: int, answer, text: str, last_tu
     return env_reply_text(tokenizer, str(obs), bool(ids) and ids[-1] == tokenizer.eos_token_id)
 
 
-def _append_replies(tokenizer, episodes: list[Episode], replies: dict[int, str], turn: int, max_episode_tokens) -> None:
-    """Tokenize the env replies in one call and append each to its episode (env_mask 0), or end it at the token bound."""
+def _append_replies(
+    tokenizer, episodes: list[Episode], replies: dict[int, str], turns: Sequence[int], max_episode_tokens
+) -> None:
+    """Tokenize the env replies in one call and append each to its episode (env_mask 0, the turn id of the turn it
+    answers, turns[i]), or end it at the token bound."""
     encoded = tokenizer(list(replies.values()), add_special_tokens=False)["input_ids"] if replies else []
     for i, reply in zip(replies, encoded):
         e = episodes[i]
@@ -277,7 +300,7 @@ def _append_replies(tokenizer, episodes: list[Episode], replies: dict[int, str],
             e.completion_ids += reply
             e.env_mask += [0] * len(reply)
             e.logprobs += [0.0] * len(reply)
-            e.turn_ids += [turn] * len(reply)
+            e.turn_ids += [turns[i]] * len(reply)
 
 
 def play_episodes(
@@ -292,6 +315,7 @@ def play_episodes(
     lockstep: bool = False,
     max_episode_tokens: int | None = None,
     outcome_seeds: Sequence[int] | None = None,
+    snapshots: bool = False,
 ) -> list[Episode]:
     """Play one episode per env, env i reset with seed task_seeds[i]; all turns batched.
 
@@ -309,20 +333,150 @@ def play_episodes(
     it has, as at the turn limit; so does an episode whose next environment reply would leave no
     room for a generated token. Such episodes are marked `token_bound_reached`. A first prompt that
     already fills the bound is refused (VcbmGymError, one line). None: no bound.
+
+    `snapshots`: keep the env's snapshot at the start of every turn (`Episode.snapshots`), the branch points of
+    `play_continuations` (the branch-based credit rules, vcbm_gym/credit/branch.py).
     """
     if outcome_seeds is not None and len(outcome_seeds) != len(task_seeds):
         raise ValueError(f"{len(outcome_seeds)} outcome seeds for {len(task_seeds)} task seeds: expected one per task seed")
     episodes = _reset_episodes(tokenizer, envs, task_seeds, one_shot, system_prompt, max_episode_tokens, outcome_seeds)
-    for turn in range(max_turns):
+    _play_turns(
+        generate,
+        tokenizer,
+        episodes,
+        envs,
+        [0] * len(episodes),
+        max_turns,
+        truncation_chars,
+        lockstep,
+        max_episode_tokens,
+        snapshots,
+    )
+    return episodes
+
+
+def _play_turns(
+    generate,
+    tokenizer,
+    episodes: list[Episode],
+    envs,
+    turns: list[int],
+    max_turns: int,
+    truncation_chars: int,
+    lockstep: bool,
+    max_episode_tokens: int | None,
+    snapshots: bool,
+) -> None:
+    """Play every episode to its end, episode i from its turn turns[i]; one batched generation per round, at most
+    `max_turns` rounds (every episode takes one turn per round until it ends; lockstep: all `max_turns` rounds)."""
+    turns = list(turns)
+    for _ in range(max_turns):
         live = [i for i, e in enumerate(episodes) if not e.done]
         if not live and not lockstep:
             break
+        for i in live:
+            e = episodes[i]
+            e.turn_starts.append((len(e.completion_ids), len(e.messages)))
+            if snapshots:
+                e.snapshots.append(snapshot(envs[i]))
         answers = generate([_context(tokenizer, episodes[i], truncation_chars) for i in live])
         texts = tokenizer.batch_decode([ids for ids, _ in answers], skip_special_tokens=True)
         replies: dict[int, str] = {}  # episode -> the template text of its env reply (tokenized together)
         for i, answer, text in zip(live, answers, texts):
-            reply = _take_turn(tokenizer, episodes[i], envs[i], turn, answer, text, turn == max_turns - 1, max_episode_tokens)
+            last = turns[i] == max_turns - 1
+            reply = _take_turn(tokenizer, episodes[i], envs[i], turns[i], answer, text, last, max_episode_tokens)
             if reply is not None:
                 replies[i] = reply
-        _append_replies(tokenizer, episodes, replies, turn, max_episode_tokens)
+        _append_replies(tokenizer, episodes, replies, turns, max_episode_tokens)
+        for i in live:
+            turns[i] += 1
+
+
+def branch_episode(episode: Episode, turn: int) -> Episode:
+    """The prefix of `episode` before its turn `turn` (the training text and the conversation up to that turn's
+    answer, the per-turn records of the turns before it) with a return of 0, so that a continuation played from
+    it accumulates its reward-to-go from `turn`."""
+    if not 0 <= turn < len(episode.turn_starts):
+        raise ValueError(f"turn {turn}: episode of task seed {episode.task_seed} has turns 0..{len(episode.turn_starts) - 1}")
+    tokens, n_messages = episode.turn_starts[turn]
+    return Episode(
+        task_seed=episode.task_seed,
+        prompt_ids=list(episode.prompt_ids),
+        completion_ids=episode.completion_ids[:tokens],
+        env_mask=episode.env_mask[:tokens],
+        logprobs=episode.logprobs[:tokens],
+        turn_ids=episode.turn_ids[:tokens],
+        state_mutating=episode.state_mutating[:turn],
+        turn_texts=episode.turn_texts[:turn],
+        effects=episode.effects[:turn],
+        decision_turns=episode.decision_turns[:turn],
+        turn_rewards=[],
+        messages=[dict(m) for m in episode.messages[:n_messages]],
+    )
+
+
+def play_continuations(
+    generate: Callable[[list[list[int]]], list[tuple[list[int], list[float]]]],
+    tokenizer,
+    envs: Sequence[gym.Env],
+    starts: Sequence[tuple[Episode, int, int | None]],
+    max_turns: int,
+    truncation_chars: int,
+    lockstep: bool,
+    max_episode_tokens: int | None,
+) -> list[Episode]:
+    """One continuation per (episode, turn, outcome seed) of `starts`, played to its end by `generate` (the current
+    policy): env i restored to the episode's snapshot at the start of that turn (`restore(env, state, outcome_seed)`:
+    None continues the episode's own outcome draw, an integer draws what it had not revealed afresh), the same
+    text prefix (`branch_episode`). The episodes were played with `play_episodes(snapshots=True)`. Each
+    continuation's `episode_return` is its reward-to-go from its turn; its turns from there on are its own."""
+    if len(envs) < len(starts):
+        raise ValueError(f"{len(envs)} envs for {len(starts)} continuations: expected one env per continuation")
+    episodes, turns = [], []
+    for env, (episode, turn, outcome_seed) in zip(envs, starts):
+        if turn >= len(episode.snapshots):
+            raise ValueError(
+                f"turn {turn} of the episode of task seed {episode.task_seed} has no snapshot: play the episodes with "
+                "play_episodes(snapshots=True)"
+            )
+        # a reset first: a fresh env's wrappers (Gymnasium's PassiveEnvChecker) refuse a step before any reset,
+        # and a snapshot restores only the fields envs.snapshot knows
+        env.reset(seed=episode.task_seed)
+        restore(env, episode.snapshots[turn], outcome_seed)
+        episodes.append(branch_episode(episode, turn))
+        turns.append(turn)
+    _play_turns(
+        generate, tokenizer, episodes, list(envs), turns, max_turns, truncation_chars, lockstep, max_episode_tokens, False
+    )
     return episodes
+
+
+@torch.no_grad()
+def turn_entropies(model, episodes: Sequence[Episode], temperature: float) -> list[np.ndarray]:
+    """Per episode, (n_turns,) the mean entropy of the sampling distribution (softmax of the logits / temperature,
+    as the rollout sampled) over each turn's generated tokens (NaN for a turn with none). One forward pass per
+    episode over its whole training sequence (its logits are [tokens, vocab] at once)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = []
+    try:
+        for e in episodes:
+            ids = torch.tensor([e.prompt_ids + e.completion_ids], device=device)
+            logits = model(input_ids=ids).logits[0, len(e.prompt_ids) - 1 : -1].float() / temperature
+            logps = torch.log_softmax(logits, dim=-1)
+            entropy = -(logps.exp() * logps).sum(-1).cpu().numpy()
+            generated, turn_ids = np.asarray(e.env_mask, bool), np.asarray(e.turn_ids)
+            n_turns = len(e.turn_rewards)
+            out.append(
+                np.array(
+                    [
+                        entropy[generated & (turn_ids == t)].mean() if (generated & (turn_ids == t)).any() else np.nan
+                        for t in range(n_turns)
+                    ]
+                )
+            )
+    finally:
+        if was_training:
+            model.train()
+    return out

@@ -36,6 +36,7 @@ checkpoint additions (checkpoints.py) and vLLM turns (vllm.py).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from collections import defaultdict, deque
@@ -64,10 +65,19 @@ from algorithms.llm.loss import (
 )
 from algorithms.llm.metrics import local_rollout_record, rollout_metrics, rule_numbers
 from algorithms.llm.old_logps import FirstEpochOldLogps
-from algorithms.llm.rollout import CachedGeneration, Episode, full_attention_only, hf_generate, play_episodes
+from algorithms.llm.rollout import (
+    CachedGeneration,
+    Episode,
+    full_attention_only,
+    hf_generate,
+    play_continuations,
+    play_episodes,
+    turn_entropies,
+)
 from algorithms.llm.shared_prefix import SharedPromptLogps
 from algorithms.llm.vllm import fit_engine_to_platform, gather_counts, vllm_turn
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
+from vcbm_gym.credit.branch import COMPUTE_KEYS, BranchRule
 
 
 def episode_return_reward(prompts, completions, episode_return, **kwargs) -> list[float]:
@@ -91,6 +101,10 @@ class MultiTurnGRPOTrainer(FirstEpochOldLogps, SharedPromptLogps, GRPOTrainer):
     rollouts (`rollout_func`) and records, per iteration: return, task goal completion (for the embedded text envs: the optimal
     decision rate), invalid-turn rate, the share of advantage mass on deciding turns, tokens.
     """
+
+    # keep the env's snapshot at every turn start (play_episodes(snapshots=True)): a branch-based credit rule's
+    # continuations start there (LoopTrainer sets it for such a rule)
+    _takes_snapshots = False
 
     def __init__(
         self,
@@ -189,6 +203,7 @@ class MultiTurnGRPOTrainer(FirstEpochOldLogps, SharedPromptLogps, GRPOTrainer):
             lockstep=(self.use_vllm and self.accelerator.num_processes > 1) or self._sharded,
             max_episode_tokens=self.episode_token_bound,
             outcome_seeds=self._outcome_seeds(len(seeds)),
+            snapshots=self._takes_snapshots,
         )
         self._iter_stats["rollout_time_s"] += time.perf_counter() - start
         self._episodes = episodes
@@ -268,7 +283,7 @@ class MultiTurnGRPOTrainer(FirstEpochOldLogps, SharedPromptLogps, GRPOTrainer):
             "iteration_time_s": time.perf_counter() - self._iter_start,
             "rollout_time_s": s["rollout_time_s"],
         }
-        for key in ("task_goal_completion", "empo_cell_coverage", "max_sampling_logprob_diff"):
+        for key in ("task_goal_completion", "empo_cell_coverage", "max_sampling_logprob_diff", *COMPUTE_KEYS, "branch_time_s"):
             if key in s:
                 metrics[key] = s[key]
         metrics.update({k: v for k, v in s.items() if k.startswith("task_goal_completion/")})
@@ -309,12 +324,90 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         self._aborted = False
         self._snapshot: dict[str, Any] | None = None
         self._empo_rng = np.random.default_rng(args.seed)
+        self._takes_snapshots = isinstance(self.credit_rule, BranchRule)
+        self._branch_extras: dict[str, list] | None = None
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
+
+    # --- branch-based credit (vcbm_gym/credit/branch.py: VinePPO, RICE-PO) ---------------------
+    def _rollout(self, prompts: list[str], trainer: GRPOTrainer) -> dict[str, list]:
+        out = super()._rollout(prompts, trainer)
+        if isinstance(self.credit_rule, BranchRule):
+            start = time.perf_counter()
+            self._branch_extras = self._play_branches(self._episodes)
+            self._iter_stats["branch_time_s"] += time.perf_counter() - start
+        return out
+
+    def _play_branches(self, episodes: list[Episode]) -> dict[str, list]:
+        """The continuations the branch rule asks for, played by the current policy from the env snapshots of this
+        process's episodes, as the batch extras the rule reads (vcbm_gym/credit/branch.py); their compute is counted
+        (summed over processes) into the iteration's metrics and the rule's totals."""
+        rule: BranchRule = self.credit_rule
+        model = self.accelerator.unwrap_model(self.model)
+        counts = dict.fromkeys(COMPUTE_KEYS, 0)
+        executable = [np.array([x not in (None, "invalid") for x in e.effects], bool) for e in episodes]
+        entropies: list[Any] = [None] * len(episodes)
+        if rule.needs_entropy:
+            entropies = turn_entropies(model, episodes, self.args.temperature)
+            counts["extra_model_calls"] += len(episodes)  # one forward pass per episode
+        starts = []  # (episode index, turn)
+        for b, e in enumerate(episodes):
+            for turn, k in rule.branch_points(len(e.turn_rewards), entropies[b], executable[b]):
+                starts += [(b, int(turn))] * int(k)
+        seeds = self._branch_outcome_seeds(len(starts))
+        continuations = play_continuations(
+            self._rollout_generation(),
+            self.processing_class,
+            self._envs(len(starts)),
+            [(episodes[b], turn, seed) for (b, turn), seed in zip(starts, seeds)],
+            self.args.max_turns,
+            self.args.truncation_chars,
+            lockstep=(self.use_vllm and self.accelerator.num_processes > 1) or self._sharded,
+            max_episode_tokens=self.episode_token_bound,
+        )
+        branches: list[dict[int, tuple[list[float], list[bool]]]] = [{} for _ in episodes]
+        for (b, turn), c in zip(starts, continuations):
+            outcomes, same = branches[b].setdefault(turn, ([], []))
+            outcomes.append(float(c.episode_return))
+            same.append(len(c.effects) > turn and _action_key(c, turn) == _action_key(episodes[b], turn))
+            counts["extra_env_steps"] += len(c.turn_rewards)
+            counts["extra_model_calls"] += len(c.turn_rewards)  # one generated answer per turn played
+            counts["extra_generated_tokens"] += c.n_generated - sum(episodes[b].env_mask[: episodes[b].turn_starts[turn][0]])
+        counts["continuation_episodes"] = len(continuations)
+        counts = self._summed_over_processes(counts)
+        rule.record_compute(**counts)
+        for key, value in counts.items():
+            self._iter_stats[key] += value
+        extras: dict[str, list] = {
+            "branches": [{t: (np.array(o), np.array(s, bool)) for t, (o, s) in row.items()} for row in branches],
+            "turn_rewards": [np.array(e.turn_rewards, float) for e in episodes],
+        }
+        if rule.needs_entropy:
+            extras.update(turn_entropies=entropies, executable=executable)
+        return extras
+
+    def _branch_outcome_seeds(self, n: int) -> list[int | None]:
+        """Each continuation's own outcome draw (from the run seed, the optimizer step, the process; apart from the
+        rollouts' own seeds); under `shared_outcomes` none: a continuation keeps its episode's draw."""
+        if self.args.shared_outcomes:
+            return [None] * n
+        entropy = [int(self.args.seed), int(self.state.global_step), int(self.accelerator.process_index), 1]
+        return [int(s) for s in np.random.SeedSequence(entropy).generate_state(n, dtype=np.uint32)]
+
+    def _summed_over_processes(self, counts: dict[str, int]) -> dict[str, int]:
+        if self.accelerator.num_processes == 1:
+            return counts
+        from accelerate.utils import gather_object
+
+        parts = gather_object([counts])
+        return {k: sum(int(p[k]) for p in parts) for k in counts}
 
     # --- per-token advantages ----------------------------------------------------------------
     def _score_episodes(self, output: dict[str, Any], episodes: list[Episode]) -> EpisodeBatch:
         start = time.perf_counter()
         batch = super()._score_episodes(output, episodes)
+        if self._branch_extras is not None:  # what the continuations gave a branch-based rule
+            batch = dataclasses.replace(batch, extras={**batch.extras, **self._branch_extras})
+            self._branch_extras = None
         advantages = self.token_advantages(batch)
         self._iter_stats["credit_time_s"] += time.perf_counter() - start
         device = output["completion_ids"].device
@@ -493,3 +586,9 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         self._grad_norms.extend(state["grad_norms"])
         self._empo_rng.bit_generator.state = state["empo_rng"]
         self.history = state["history"]
+
+
+def _action_key(episode: Episode, turn: int) -> Any:
+    """What RICE's residual compares at an anchor: the turn's executable effect, else its answer text."""
+    effect = episode.effects[turn]
+    return effect if effect is not None else episode.messages[2 + 2 * turn]["content"]

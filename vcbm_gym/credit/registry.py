@@ -24,6 +24,8 @@ RULES: dict[str, str] = {
     "casi": "vcbm_gym.credit.set_credit:CASIShapingRule",
     "ircr": "vcbm_gym.credit.ircr:IRCRRule",
     "rrd": "vcbm_gym.credit.rrd:RRDRule",
+    "vineppo": "vcbm_gym.credit.vineppo:VinePPORule",
+    "rice": "vcbm_gym.credit.rice:RICERule",
 }
 
 
