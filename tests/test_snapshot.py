@@ -102,6 +102,16 @@ def test_restoring_one_snapshot_twice_gives_two_identical_continuations(env_id, 
     assert same(first, second) and same(first, third) and len(first) >= 1
 
 
+@pytest.mark.parametrize("env_id", FAMILIES)
+def test_a_fresh_env_never_reset_continues_a_restored_episode(env_id):
+    # gym.make's PassiveEnvChecker compares a reset's data with the first step's: a fresh env has no reset data
+    env, state, actions = _mid_episode(env_id, at=0 if "SetRetrieval" in env_id else 2)
+    original = _continue(env, actions)
+    fresh = gym.make(env_id)
+    restore(fresh, state)
+    assert same(_continue(fresh, actions), original)
+
+
 def test_a_restore_leaves_returned_observations_and_the_snapshot_alone():
     env, state, actions = _mid_episode("WatchRepair-v0", at=2)
     kept = _continue(env, actions[:3])
