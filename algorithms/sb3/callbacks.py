@@ -158,8 +158,8 @@ class CreditCallback(BaseCallback):
 class RewardFitCallback(BaseCallback):
     """Logs a RelabelingReplayBuffer's newest fit to the dense reward as `credit/reward_fit_corr`."""
 
-    def __init__(self, verbose: int = 0) -> None:
-        super().__init__(verbose)
+    def __init__(self) -> None:
+        super().__init__()
         self._logged = 0
 
     def _on_step(self) -> bool:
