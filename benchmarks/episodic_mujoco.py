@@ -38,8 +38,8 @@ already finished are reused by their config hash); on this machine run one env p
 EpisodicHopper-v5`, then `--envs EpisodicHalfCheetah-v5` into the same --out; each about 1.7 hours).
 
 Outputs in --out: results.json (per env and method: final true return per seed, mean / IQM / median with
-bootstrap 95% CIs, P(improvement) of each rule and of dense SAC over `sac` with its CI), table.md, curves_<env>.png (mean true return
-and its CI across seeds), run.json (command, commit, versions, wall time, budget).
+bootstrap 95% CIs, P(improvement) of each rule and of dense SAC over `sac` with its CI), table.md,
+curves_<env>.png (mean true return and its CI across seeds), run.json (command, commit, versions, wall time, budget).
 """
 
 from __future__ import annotations
