@@ -73,7 +73,6 @@ import llm_learning as base  # noqa: E402
 
 from algorithms.common import cli  # noqa: E402
 from algorithms.common.errors import VcbmGymError  # noqa: E402
-from algorithms.experiment import executor  # noqa: E402
 
 METHODS = ("loop", "vcbm-loop", "vineppo", "rice")
 BRANCH_METHODS = ("vineppo", "rice")
@@ -373,35 +372,7 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
         )
         for name, method, seed, budget, cost in rows
     ]
-    histories: dict[base.Job, list] = {}
-    for job in jobs:
-        history, _ = base.finished_history(job)
-        if history is not None:
-            histories[job] = history
-    reused = len(histories)
-    todo = [job for job in jobs if job not in histories]
-    print(f"reusing {reused} finished run(s) of the same config; {len(todo)} to run", flush=True)
-    failures: list[str] = []
-
-    def finished(job: base.Job, result: Any, error: str | None) -> None:
-        history, why = base.finished_history(job) if error is None else (None, error)
-        if history is None:
-            failures.append(f"{job.setting} {job.method} seed {job.seed}: {why}")
-            return
-        histories[job] = history
-        print(
-            f"[{len(histories) - reused}/{len(todo)}] {job.setting} {job.method} seed {job.seed}: final optimal rate "
-            f"{history[-1].get('task_goal_completion', float('nan')):.2f} ({time.perf_counter() - start:.0f} s)",
-            flush=True,
-        )
-
-    with executor.sigterm_stops():
-        try:
-            executor.run_jobs(base.train_one, todo, workers=args.workers, finished=finished)
-        except executor.STOPS as exc:
-            raise executor.stopped(exc, f"{len(histories)} of {len(jobs)} run(s) kept") from None
-    if failures:
-        raise VcbmGymError(f"{len(failures)} run(s) failed (finished ones are kept): " + "; ".join(failures))
+    histories, reused = base.run_reusing(jobs, args.workers, start, base.final_rate)
     wall = time.perf_counter() - start
     by_setting: dict[str, dict[str, list]] = {}
     for job in sorted(jobs, key=lambda j: (list(SETTINGS).index(j.setting), METHODS.index(j.method), j.seed)):

@@ -63,11 +63,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from llm_learning import START_S, Job, finished_history, makespan, mean_ci, train_one  # noqa: E402
+from llm_learning import START_S, Job, makespan, mean_ci, run_reusing  # noqa: E402
 
 from algorithms.common import cli  # noqa: E402
 from algorithms.common.errors import VcbmGymError  # noqa: E402
-from algorithms.experiment import executor  # noqa: E402
 
 ENV_ID = "TextThinkSolve-v0"
 METHODS = ("grpo", "ccpo", "sepo", "shapley")
@@ -302,35 +301,11 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
         )
         for m, s, n, c in rows
     ]
-    histories: dict[Job, list] = {}
-    for job in jobs:
-        history, _ = finished_history(job)
-        if history is not None:
-            histories[job] = history
-    reused = len(histories)
-    todo = [job for job in jobs if job not in histories]
-    print(f"reusing {reused} finished run(s) of the same config; {len(todo)} to run", flush=True)
-    failures: list[str] = []
 
-    def finished(job: Job, result: Any, error: str | None) -> None:
-        history, why = finished_history(job) if error is None else (None, error)
-        if history is None:
-            failures.append(f"{job.method} seed {job.seed}: {why}")
-            return
-        histories[job] = history
-        print(
-            f"[{len(histories) - reused}/{len(todo)}] {job.method} seed {job.seed}: final success "
-            f"{np.mean([h['task_goal_completion'] for h in history[-args.window :]]):.2f} ({time.perf_counter() - start:.0f} s)",
-            flush=True,
-        )
+    def final_success(history: list[dict]) -> str:
+        return f"final success {np.mean([h['task_goal_completion'] for h in history[-args.window :]]):.2f}"
 
-    with executor.sigterm_stops():
-        try:
-            executor.run_jobs(train_one, todo, workers=args.workers, finished=finished)
-        except executor.STOPS as exc:
-            raise executor.stopped(exc, f"{len(histories)} of {len(jobs)} run(s) kept") from None
-    if failures:
-        raise VcbmGymError(f"{len(failures)} run(s) failed (finished ones are kept): " + "; ".join(failures))
+    histories, reused = run_reusing(jobs, args.workers, start, final_success)
     wall = time.perf_counter() - start
     by_method: dict[str, list] = {}
     for job in sorted(jobs, key=lambda j: (METHODS.index(j.method), j.seed)):

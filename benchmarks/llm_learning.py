@@ -109,7 +109,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -518,6 +518,52 @@ def check_args(args: argparse.Namespace) -> None:
     cli.check_output_dir(args.out, "--out")
 
 
+def run_reusing(jobs: list[Job], workers: int, start: float, describe: Callable[[list[dict]], str]) -> tuple[dict, int]:
+    """Every job's history: a finished run of the same config is reused, the others train on `workers` processes (a
+    stop keeps the finished ones; a failed run is one line after the others end). (histories, how many were reused);
+    `describe(history)` words a run's progress line. Shared by the LLM learning benchmarks."""
+    histories: dict[Job, list] = {}
+    stale = []
+    for job in jobs:
+        history, why = finished_history(job)
+        if history is not None:
+            histories[job] = history
+        elif why != "new":
+            stale.append(f"{job.setting} {job.method} seed {job.seed}: {why}")
+    reused = len(histories)
+    todo = [job for job in jobs if job not in histories]
+    print(f"reusing {reused} finished run(s) of the same config; {len(todo)} to run", flush=True)
+    if stale:
+        print(f"rerunning {len(stale)} run(s): " + "; ".join(stale[:3]) + (" ..." if len(stale) > 3 else ""), flush=True)
+    failures: list[str] = []
+
+    def finished(job: Job, result: Any, error: str | None) -> None:
+        history, why = finished_history(job) if error is None else (None, error)
+        if history is None:
+            failures.append(f"{job.setting} {job.method} seed {job.seed}: {why}")
+            return
+        histories[job] = history
+        print(
+            f"[{len(histories) - reused}/{len(todo)}] {job.setting} {job.method} seed {job.seed}: {describe(history)} "
+            f"({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
+
+    with executor.sigterm_stops():
+        try:
+            executor.run_jobs(train_one, todo, workers=workers, finished=finished)
+        except executor.STOPS as exc:
+            raise executor.stopped(exc, f"{len(histories)} of {len(jobs)} run(s) kept") from None
+    if failures:
+        raise VcbmGymError(f"{len(failures)} run(s) failed (finished ones are kept): " + "; ".join(failures))
+    return histories, reused
+
+
+def final_rate(history: list[dict]) -> str:
+    """A run's progress line: its last iteration's rate of optimal decisions."""
+    return f"final optimal rate {history[-1].get('task_goal_completion', float('nan')):.2f}"
+
+
 def run(argv: Sequence[str]) -> dict[str, Any]:
     args = build_parser().parse_args(list(argv))
     check_args(args)
@@ -546,41 +592,7 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
         )
         for name, method, seed, budget, cost in rows
     ]
-    histories: dict[Job, list] = {}
-    stale = []
-    for job in jobs:
-        history, why = finished_history(job)
-        if history is not None:
-            histories[job] = history
-        elif why != "new":
-            stale.append(f"{job.setting} {job.method} seed {job.seed}: {why}")
-    reused = len(histories)
-    todo = [job for job in jobs if job not in histories]
-    print(f"reusing {reused} finished run(s) of the same config; {len(todo)} to run", flush=True)
-    if stale:
-        print(f"rerunning {len(stale)} run(s): " + "; ".join(stale[:3]) + (" ..." if len(stale) > 3 else ""), flush=True)
-    failures: list[str] = []
-
-    def finished(job: Job, result: Any, error: str | None) -> None:
-        history, why = finished_history(job) if error is None else (None, error)
-        if history is None:
-            failures.append(f"{job.setting} {job.method} seed {job.seed}: {why}")
-            return
-        histories[job] = history
-        rate = history[-1].get("task_goal_completion", float("nan"))
-        print(
-            f"[{len(histories) - reused}/{len(todo)}] {job.setting} {job.method} seed {job.seed}: "
-            f"final optimal rate {rate:.2f} ({time.perf_counter() - start:.0f} s)",
-            flush=True,
-        )
-
-    with executor.sigterm_stops():
-        try:
-            executor.run_jobs(train_one, todo, workers=args.workers, finished=finished)
-        except executor.STOPS as exc:
-            raise executor.stopped(exc, f"{len(histories)} of {len(jobs)} run(s) kept") from None
-    if failures:
-        raise VcbmGymError(f"{len(failures)} run(s) failed (finished ones are kept): " + "; ".join(failures))
+    histories, reused = run_reusing(jobs, args.workers, start, final_rate)
     wall = time.perf_counter() - start
 
     by_setting: dict[str, dict[str, list]] = {}
