@@ -163,26 +163,47 @@ def measure(env: str, steps: int) -> dict[str, float]:
     return rates
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = cli.ArgumentParser(prog="python benchmarks/episodic_mujoco.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--envs", nargs="+", default=list(ENVS))
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--seeds", type=int, default=5)
+def add_run_arguments(parser: argparse.ArgumentParser, seeds: int) -> None:
+    """The per-run budget (this benchmark's and benchmarks/reward_fit.py's): seeds, steps, evaluation, warm-up, workers."""
+    parser.add_argument("--seeds", type=int, default=seeds)
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="env steps per run")
     parser.add_argument("--eval-every", type=int, default=DEFAULT_EVAL_EVERY)
     parser.add_argument("--learning-starts", type=int, default=DEFAULT_LEARNING_STARTS)
     parser.add_argument("--workers", type=int, default=2)
+
+
+def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for name in ("seeds", "steps", "eval_every", "workers"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
+    if args.steps % args.eval_every or args.learning_starts >= args.steps:
+        parser.error(f"--steps {args.steps}: expected a multiple of --eval-every ({args.eval_every}) above --learning-starts")
+
+
+def method_jobs(args: argparse.Namespace, out: Path) -> dict[str, dict[str, list]]:
+    """env -> method -> its seeds' jobs, every method resolved before anything runs (a bad setting is one line)."""
+    jobs_of: dict[str, dict[str, list]] = {}
+    for env in args.envs:
+        jobs_of[env] = {}
+        for method in args.methods:
+            spec = method_spec(method, env, args.steps, args.eval_every, args.learning_starts)
+            where = out / "runs" / env / method
+            jobs_of[env][method] = seed_jobs(method, spec, range(args.seeds), lambda s, w=where: w / f"seed{s}")
+    return jobs_of
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = cli.ArgumentParser(prog="python benchmarks/episodic_mujoco.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", nargs="+", default=list(ENVS))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    add_run_arguments(parser, seeds=5)
     parser.add_argument("--backend", choices=("process", "ray"), default="process")
     parser.add_argument("--address", default=None, help="a Ray cluster's address (with --backend ray)")
     parser.add_argument("--out", default="runs/episodic_mujoco")
     parser.add_argument("--measure", type=int, default=None, metavar="STEPS", help="print each method's steps/s and exit")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    for name in ("seeds", "steps", "eval_every", "workers"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
-    if args.steps % args.eval_every or args.learning_starts >= args.steps:
-        parser.error(f"--steps {args.steps}: expected a multiple of --eval-every ({args.eval_every}) above --learning-starts")
+    check_run_arguments(parser, args)
     return args
 
 
@@ -193,13 +214,7 @@ def run(argv: list[str]) -> None:
             print(env, {m: round(r, 1) for m, r in measure(env, args.measure).items()})
         return
     out = cli.check_output_dir(args.out, "--out")
-    jobs_of: dict[str, dict[str, list]] = {}
-    for env in args.envs:  # every method resolved before anything runs: a bad setting is one line
-        jobs_of[env] = {}
-        for method in args.methods:
-            spec = method_spec(method, env, args.steps, args.eval_every, args.learning_starts)
-            where = out / "runs" / env / method
-            jobs_of[env][method] = seed_jobs(method, spec, range(args.seeds), lambda s, w=where: w / f"seed{s}")
+    jobs_of = method_jobs(args, out)
     jobs = [job for per_env in jobs_of.values() for per_method in per_env.values() for job in per_method]
     started = provenance.start()
     out.mkdir(parents=True, exist_ok=True)

@@ -33,15 +33,9 @@ sys.path.insert(0, str(REPO))
 
 from algorithms.common import cli, provenance  # noqa: E402
 from algorithms.experiment import stats  # noqa: E402
-from algorithms.experiment.jobs import count_finished, seed_jobs, train_jobs  # noqa: E402
+from algorithms.experiment.jobs import count_finished, train_jobs  # noqa: E402
 from algorithms.experiment.results import locked, runs_record, save_figure, write_results  # noqa: E402
-from benchmarks.episodic_mujoco import (  # noqa: E402
-    DEFAULT_EVAL_EVERY,
-    DEFAULT_LEARNING_STARTS,
-    DEFAULT_STEPS,
-    evaluations,
-    method_spec,
-)
+from benchmarks.episodic_mujoco import add_run_arguments, check_run_arguments, evaluations, method_jobs  # noqa: E402
 
 METHODS = ("sac+rrd", "sac+ircr")
 FIT_TAG = "credit/reward_fit_corr"
@@ -118,32 +112,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = cli.ArgumentParser(prog="python benchmarks/reward_fit.py", description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=["EpisodicHopper-v5"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS)
-    parser.add_argument("--eval-every", type=int, default=DEFAULT_EVAL_EVERY)
-    parser.add_argument("--learning-starts", type=int, default=DEFAULT_LEARNING_STARTS)
-    parser.add_argument("--workers", type=int, default=2)
+    add_run_arguments(parser, seeds=1)
     parser.add_argument("--out", default="runs/reward_fit")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
-    for name in ("seeds", "steps", "eval_every", "workers"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
-    if args.steps % args.eval_every or args.learning_starts >= args.steps:
-        parser.error(f"--steps {args.steps}: expected a multiple of --eval-every ({args.eval_every}) above --learning-starts")
+    check_run_arguments(parser, args)
     return args
 
 
 def run(argv: list[str]) -> None:
     args = parse_args(argv)
     out = cli.check_output_dir(args.out, "--out")
-    jobs_of: dict[str, dict[str, list]] = {}
-    for env in args.envs:
-        jobs_of[env] = {}
-        for method in args.methods:
-            spec = method_spec(method, env, args.steps, args.eval_every, args.learning_starts)
-            where = out / "runs" / env / method
-            jobs_of[env][method] = seed_jobs(method, spec, range(args.seeds), lambda s, w=where: w / f"seed{s}")
+    jobs_of = method_jobs(args, out)
     jobs = [job for per_env in jobs_of.values() for per_method in per_env.values() for job in per_method]
     started = provenance.start()
     out.mkdir(parents=True, exist_ok=True)
