@@ -230,16 +230,26 @@ def _reset_episodes(
     rendered once per distinct observation, tokenized in one call."""
     outcomes = [None] * len(envs) if outcome_seeds is None else list(outcome_seeds)
     resets = [_reset(env, seed, outcome) for env, seed, outcome in zip(envs, task_seeds, outcomes)]
-    messages = [initial_messages(str(obs), one_shot, system_prompt) for obs, _ in resets]
-    rendered = {m[-1]["content"]: i for i, m in enumerate(messages)}  # K rollouts of a task share their observation
+    observations, infos = [obs for obs, _ in resets], [info for _, info in resets]
+    return prompt_episodes(tokenizer, task_seeds, observations, infos, one_shot, system_prompt, max_episode_tokens)
+
+
+def prompt_episodes(
+    tokenizer, task_seeds, observations, infos, one_shot: bool, system_prompt, max_episode_tokens, what: str = "the first prompt"
+) -> list[Episode]:
+    """An episode per observation, its prompt [system, observation] rendered once per distinct observation (K rollouts
+    of a task share it) and tokenized in one call; a prompt that leaves no room under `max_episode_tokens` is one
+    line naming `what` it is."""
+    messages = [initial_messages(str(obs), one_shot, system_prompt) for obs in observations]
+    rendered = {m[-1]["content"]: i for i, m in enumerate(messages)}
     texts = [render(tokenizer, messages[i], True) for i in rendered.values()]
     encoded = dict(zip(rendered, tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []))
     episodes = []
-    for seed, m, (_, info) in zip(task_seeds, messages, resets):
+    for seed, m, info in zip(task_seeds, messages, infos):
         ids = encoded[m[-1]["content"]]
         if max_episode_tokens is not None and len(ids) >= max_episode_tokens:
             raise VcbmGymError(
-                f"task seed {int(seed)}: the first prompt is {len(ids)} tokens, which leaves no room to generate under "
+                f"task seed {int(seed)}: {what} is {len(ids)} tokens, which leaves no room to generate under "
                 f"max_episode_tokens={max_episode_tokens}; expected max_episode_tokens > {len(ids)}"
             )
         episodes.append(Episode(task_seed=int(seed), prompt_ids=list(ids), messages=m, last_info=dict(info)))

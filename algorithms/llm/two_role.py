@@ -40,8 +40,8 @@ from algorithms.common.errors import VcbmGymError
 from algorithms.llm.batch import gather_episode_batch
 from algorithms.llm.config import LLM_CREDIT
 from algorithms.llm.loss import global_normalized_advantages
-from algorithms.llm.prompting import WITH_ONE_SHOT, initial_messages
-from algorithms.llm.rollout import Episode, _take_turn, render
+from algorithms.llm.prompting import WITH_ONE_SHOT
+from algorithms.llm.rollout import Episode, _take_turn, prompt_episodes, render
 from algorithms.llm.trainer import LoopTrainer
 from algorithms.llm.two_role_config import TwoRoleConfig, role_of_iteration, row_roles
 from vcbm_gym.credit.base import EpisodeBatch
@@ -129,19 +129,9 @@ def answer_turn(
     """One turn per env from its current observation, as one-turn episodes: the prompt [system, observation]
     (rendered once per distinct observation), one sampled answer, the env stepped with it (rollout._take_turn: the
     reward, info and the next observation, kept as the episode's `final_text`)."""
-    messages = [initial_messages(str(obs), one_shot, system_prompt) for obs in observations]
-    distinct = {m[-1]["content"]: i for i, m in enumerate(messages)}
-    texts = [render(tokenizer, messages[i], True) for i in distinct.values()]
-    encoded = dict(zip(distinct, tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []))
-    episodes = []
-    for seed, m, info in zip(seeds, messages, infos):
-        ids = encoded[m[-1]["content"]]
-        if max_episode_tokens is not None and len(ids) >= max_episode_tokens:
-            raise VcbmGymError(
-                f"task seed {int(seed)}: a role's prompt is {len(ids)} tokens, which leaves no room to generate under "
-                f"max_episode_tokens={max_episode_tokens}; expected max_episode_tokens > {len(ids)}"
-            )
-        episodes.append(Episode(task_seed=int(seed), prompt_ids=list(ids), messages=m, last_info=dict(info)))
+    episodes = prompt_episodes(
+        tokenizer, seeds, observations, infos, one_shot, system_prompt, max_episode_tokens, what="a role's prompt"
+    )
     answers = generate([e.prompt_ids for e in episodes]) if episodes else []
     decoded = tokenizer.batch_decode([ids for ids, _ in answers], skip_special_tokens=True)
     for e, env, answer, text in zip(episodes, envs, answers, decoded):
