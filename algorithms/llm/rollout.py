@@ -449,9 +449,6 @@ def play_continuations(
                 f"turn {turn} of the episode of task seed {episode.task_seed} has no snapshot: play the episodes with "
                 "play_episodes(snapshots=True)"
             )
-        # a reset first: a fresh env's wrappers (Gymnasium's PassiveEnvChecker) refuse a step before any reset,
-        # and a snapshot restores only the fields envs.snapshot knows
-        env.reset(seed=episode.task_seed)
         restore(env, episode.snapshots[turn], outcome_seed)
         episodes.append(branch_episode(episode, turn))
         turns.append(turn)
