@@ -262,13 +262,15 @@ class MultiTurnGRPOTrainer(FirstEpochOldLogps, SharedPromptLogps, GRPOTrainer):
     def _record_rollouts(self, episodes: list[Episode], batch: EpisodeBatch, advantages: torch.Tensor) -> None:
         """The iteration's rollout metrics over every process's episodes (each process holds only its share)."""
         local = local_rollout_record(episodes, batch, advantages.detach().float().cpu().numpy())
-        if self.accelerator.num_processes == 1:
-            parts = [local]
-        else:
-            from accelerate.utils import gather_object
+        self._iter_stats.update(rollout_metrics(self._every_process(local)))
 
-            parts = gather_object([local])
-        self._iter_stats.update(rollout_metrics(parts))
+    def _every_process(self, local: Any) -> list[Any]:
+        """Every process's `local`, in rank order (a collective when there are several: every process calls it)."""
+        if self.accelerator.num_processes == 1:
+            return [local]
+        from accelerate.utils import gather_object
+
+        return gather_object([local])
 
     def _iteration_metrics(self) -> dict[str, float]:
         s = self._iter_stats
@@ -394,11 +396,7 @@ class LoopTrainer(MultiTurnGRPOTrainer):
         return [int(s) for s in np.random.SeedSequence(entropy).generate_state(n, dtype=np.uint32)]
 
     def _summed_over_processes(self, counts: dict[str, int]) -> dict[str, int]:
-        if self.accelerator.num_processes == 1:
-            return counts
-        from accelerate.utils import gather_object
-
-        parts = gather_object([counts])
+        parts = self._every_process(counts)
         return {k: sum(int(p[k]) for p in parts) for k in counts}
 
     # --- per-token advantages ----------------------------------------------------------------

@@ -294,11 +294,8 @@ class TwoRoleTrainer(LoopTrainer):
         super()._record_rollouts(episodes, batch, advantages)
         play = self._play
         local = [play.joint_success.tolist(), play.solo_success.tolist(), play.r_joint.tolist(), play.r_solo.tolist()]
-        if self.accelerator.num_processes > 1:
-            from accelerate.utils import gather_object
-
-            parts = gather_object([local])
-            local = [[x for part in parts for x in part[i]] for i in range(4)]
+        parts = self._every_process(local)
+        local = [[x for part in parts for x in part[i]] for i in range(4)]
         joint, solo, r_joint, r_solo = (np.asarray(v, float) for v in local)
         self._iter_stats.update(
             {
