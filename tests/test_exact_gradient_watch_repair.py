@@ -15,8 +15,10 @@ import pytest
 
 import vcbm_gym  # noqa: F401  (registers WatchRepair-v0)
 from algorithms.common.errors import VcbmGymError
+from envs.credit_tree import CreditTreeEnv
 from envs.watch_repair import KEEP, REPAIR, WatchRepairEnv
 from vcbm_gym.exact_gradient import (
+    credit_tree_mdp,
     env_episodes,
     exact_policy_gradient,
     expected_return,
@@ -56,6 +58,12 @@ def test_the_states_the_policy_sees():
     assert MDP.rows(watch_repair_state(observation)).tolist() == [MDP.index((1, 2, 30)), START[3]]
     with pytest.raises(KeyError, match=r"observation \(1, 2, 0\) is not a state"):  # repaired before deciding
         MDP.rows([[1, 2, 0]])
+    with pytest.raises(KeyError, match=r"observation \(0, 4, 0\) is not a state"):  # no fifth brand
+        MDP.rows([[0, 4, 0]])
+    with pytest.raises(ValueError, match=r"keys: expected shape \(N, 3\), got \(2, 5\)"):
+        MDP.rows(observation)
+    tree = credit_tree_mdp(CreditTreeEnv())  # one-int keys (the node) may come as a flat batch
+    assert tree.rows(np.array([4, 0])).tolist() == [tree.index(4), tree.index(0)]
 
 
 def test_j_and_the_gradient_by_hand():

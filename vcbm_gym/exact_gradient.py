@@ -129,8 +129,9 @@ class TabularMDP:
         return table
 
     def rows(self, keys) -> np.ndarray:
-        """The rows of a batch of state keys, shape (N, k): `index` for many observations at once."""
+        """The rows of a batch of state keys, shape (N, k) ((N,) for one-int keys): `index` for many observations."""
         keys, table = np.asarray(keys, dtype=np.int64), self._row_table
+        keys = keys[:, None] if keys.ndim == 1 else keys
         if keys.ndim != 2 or keys.shape[1] != table.ndim:
             raise ValueError(f"keys: expected shape (N, {table.ndim}), got {keys.shape}")
         inside = np.all((keys >= 0) & (keys < table.shape), axis=1)
