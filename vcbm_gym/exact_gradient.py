@@ -15,9 +15,26 @@ softmax(logits[s])_a with one row of logits per MDP state:
 - `expected_critic_gradient`: the expectation of the critic estimator for a given (learned) Q, COCOA's analytic
   E g_hat.
 - `sample_episodes`: episodes of the MDP itself, as padded arrays (the estimators' input,
-  vcbm_gym/gradient_estimators.py).
-- `key_to_door_mdp`, `credit_tree_mdp`: the exact MDPs of LinearKeyToDoor-v0 and CreditTree-v0, built from the
-  envs' own one-step laws (docs/papers/cocoa.md says what each state holds and what is marginalised).
+  vcbm_gym/gradient_estimators.py); `env_episodes`: the same arrays from episodes of a (vector) env itself, for an
+  MDP that keeps only the expected reward of a continuous noise (WatchRepair), so that the estimators' variance
+  includes the env's true noise.
+- `key_to_door_mdp`, `credit_tree_mdp`, `watch_repair_mdp`: the exact MDPs of LinearKeyToDoor-v0, CreditTree-v0
+  and WatchRepair-v0, built from the envs' own laws (docs/papers/cocoa.md says what each state holds and what is
+  marginalised).
+
+WatchRepair (`watch_repair_mdp`): the tabular policy sees (repaired flag, brand, t), `watch_repair_state` of the
+observation [flag, counter1, counter2, brand, t]; the two counters are dropped. Only the action at t = 0 changes
+anything (repair sets the flag; every later action is ignored by the env), and the repair cost (paid at t = 0),
+the transport cost and the counters' penalties (paid at t = T - 1 if repaired) are drawn independently of the
+brand and of every action. Write the return as G = G_bar + eps, G_bar the same episode with every noise replaced
+by its mean (cost mean, transport mean, counter_j = p_j T); then E[eps | brand, a_0 .. a_{T-1}] = 0 (the flag
+multiplies the noise, but each noise has its mean subtracted whatever the flag), and the counters are
+independent of (flag, brand, t) and of the actions, so for the policy on (flag, brand, t)
+Q(s_t, a_t) = E[G_t | s_t, a_t] is the Q of G_bar. The policy gradient theorem needs only Q and the state
+visits, so J and dJ / dlogits are exact with the rewards replaced by their means: the MDP's reward law is a point
+mass at E[r | s, a, s']. Its `sample_episodes` would therefore have no reward noise; the estimators are scored
+on `env_episodes` of the env itself instead. The horizon T = 50 gives 8 T + 4 = 404 states (4 brands x
+(1 start + 2 flags x (T - 1) + 2 ended)); a DP is 50 backups of a (404, 2, 404) array.
 Pure array code (numpy); no I/O.
 """
 
@@ -26,6 +43,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -39,6 +57,7 @@ from envs.key_to_door import (
     cell_step,
     middle_cell_probs,
 )
+from envs.watch_repair import REPAIR, WatchRepairEnv
 
 PROB_ATOL = 1e-9  # rows of probabilities may be off by rounding, no more
 
@@ -100,6 +119,27 @@ class TabularMDP:
         if key not in self._index:
             raise KeyError(f"observation {key} is not a state of this MDP")
         return self._index[key]
+
+    @cached_property
+    def _row_table(self) -> np.ndarray:
+        """table[key] = the key's row, -1 for no state: `rows`' lookup (the keys are tuples of ints >= 0)."""
+        keys = np.array(self.states, dtype=np.int64).reshape(self.n_states, -1)
+        table = np.full(tuple(keys.max(axis=0) + 1), -1, dtype=np.int64)
+        table[tuple(keys.T)] = np.arange(self.n_states)
+        return table
+
+    def rows(self, keys) -> np.ndarray:
+        """The rows of a batch of state keys, shape (N, k) ((N,) for one-int keys): `index` for many observations."""
+        keys, table = np.asarray(keys, dtype=np.int64), self._row_table
+        keys = keys[:, None] if keys.ndim == 1 else keys
+        if keys.ndim != 2 or keys.shape[1] != table.ndim:
+            raise ValueError(f"keys: expected shape (N, {table.ndim}), got {keys.shape}")
+        inside = np.all((keys >= 0) & (keys < table.shape), axis=1)
+        rows = np.full(len(keys), -1, dtype=np.int64)
+        rows[inside] = table[tuple(keys[inside].T)]
+        if np.any(rows < 0):
+            raise KeyError(f"observation {tuple(keys[np.argmax(rows < 0)].tolist())} is not a state of this MDP")
+        return rows
 
     def expected_rewards(self) -> np.ndarray:
         """R[s, a] = E[r | s, a] = sum_s' P(s' | s, a) E[r | s, a, s']."""
@@ -203,6 +243,32 @@ def sample_episodes(mdp: TabularMDP, logits: np.ndarray, n_episodes: int, rng: n
     return Episodes(states, actions, rewards, mask)
 
 
+def env_episodes(env, mdp: TabularMDP, logits: np.ndarray, rng: np.random.Generator, state_of=None) -> Episodes:
+    """One episode per sub-env of the Gymnasium vector env `env` under the softmax policy on `mdp`: the env's own
+    law, its reward noise included; `state_of` maps a batch of observations to state keys (N, k) (default: the
+    observation itself), `TabularMDP.rows` those to rows. Sub-env i is reset with its own seed drawn from `rng`,
+    so the env's numpy vector version and a SyncVectorEnv of single envs give the same episodes."""
+    policy = softmax_policy(np.asarray(logits, dtype=np.float64))
+    state_of = state_of or (lambda observations: observations)
+    shape = (env.num_envs, mdp.horizon)
+    states, actions = np.zeros(shape, dtype=np.int64), np.zeros(shape, dtype=np.int64)
+    rewards, mask = np.zeros(shape), np.zeros(shape, dtype=bool)
+    observations, _ = env.reset(seed=rng.integers(2**31, size=env.num_envs).tolist())
+    live = np.ones(env.num_envs, dtype=bool)
+    for t in range(mdp.horizon):
+        state = mdp.rows(state_of(observations))
+        action = _draw(policy[state], rng)
+        observations, reward, terminated, truncated, _ = env.step(action)
+        if np.any(live & truncated):
+            raise ValueError("an env episode was truncated: the MDP's law has no truncation")
+        states[:, t], actions[:, t], mask[:, t] = np.where(live, state, 0), np.where(live, action, 0), live
+        rewards[:, t] = np.where(live, reward, 0.0)  # a finished sub-env's next step is its autoreset
+        live &= ~terminated
+    if live.any():
+        raise ValueError(f"{live.sum()} env episodes outlived horizon={mdp.horizon}: not this MDP's episodes")
+    return Episodes(states, actions, rewards, mask)
+
+
 class _Builder:
     """Collects the states an MDP reaches from its start, breadth first, and its (s, a) -> s' laws."""
 
@@ -216,9 +282,11 @@ class _Builder:
             self.queue.append(key)
         return self.index[key]
 
-    def build(self, initial_key: tuple[int, ...], terminal, successors, horizon: int) -> TabularMDP:
-        """successors(key, action) -> [(next key, probability, {reward: probability})], each next key once."""
-        self.state(initial_key)
+    def build(self, initial: dict[tuple[int, ...], float], terminal, successors, horizon: int) -> TabularMDP:
+        """initial: {start key: probability}; successors(key, action) -> [(next key, probability,
+        {reward: probability})], each next key once."""
+        for key in initial:
+            self.state(key)
         while self.queue:
             key = self.queue.popleft()
             for action in range(self.n_actions):
@@ -237,8 +305,8 @@ class _Builder:
             for reward, p in rewards.items():
                 reward_probs[s, a, s_next, np.searchsorted(values, reward)] += p
         keys = tuple(self.index)
-        initial = np.eye(n)[0]
-        return TabularMDP(transitions, values, reward_probs, initial, np.array([terminal(k) for k in keys]), horizon, keys)
+        start = np.array([initial.get(key, 0.0) for key in keys])
+        return TabularMDP(transitions, values, reward_probs, start, np.array([terminal(k) for k in keys]), horizon, keys)
 
 
 def key_to_door_mdp(env: LinearKeyToDoorEnv) -> TabularMDP:
@@ -271,7 +339,7 @@ def key_to_door_mdp(env: LinearKeyToDoorEnv) -> TabularMDP:
         return [((position + 1, next_cell, holds), p, rewards) for next_cell, p in next_cells(position + 1, door)]
 
     start = (0, int(env.fixed_layout[0]), 0)
-    return _Builder(env.action_space.n).build(start, lambda key: key[0] == length, successors, length)
+    return _Builder(env.action_space.n).build({start: 1.0}, lambda key: key[0] == length, successors, length)
 
 
 def credit_tree_mdp(env: CreditTreeEnv) -> TabularMDP:
@@ -285,4 +353,38 @@ def credit_tree_mdp(env: CreditTreeEnv) -> TabularMDP:
         outcomes = [((aimed,), 1.0 - env.slip, {reward(aimed): 1.0}), ((other,), env.slip, {reward(other): 1.0})]
         return [outcome for outcome in outcomes if outcome[1] > 0]
 
-    return _Builder(2).build((0,), lambda key: key[0] >= env.first_leaf, successors, env.depth)
+    return _Builder(2).build({(0,): 1.0}, lambda key: key[0] >= env.first_leaf, successors, env.depth)
+
+
+WATCH_REPAIR_STATE = (0, 3, 4)  # the observation's repaired flag, brand and t: the tabular policy's state
+
+
+def watch_repair_state(observations: np.ndarray) -> np.ndarray:
+    """(flag, brand, t) of WatchRepair observations [flag, counter1, counter2, brand, t] (..., 5): the state
+    `watch_repair_mdp`'s rows are keyed by (the counters are action-independent noise)."""
+    return np.asarray(observations)[..., WATCH_REPAIR_STATE]
+
+
+def watch_repair_mdp(env: WatchRepairEnv) -> TabularMDP:
+    """WatchRepair-v0's exact MDP over (flag, brand, t), with each reward's noise replaced by its mean.
+
+    The brand is drawn at reset (brand_probs); at t = 0 repairing (action 0) costs E[cost] = repair_cost_mean[b]
+    and sets the flag; nothing else any action does changes anything; at t = T - 1 a repaired watch pays
+    price[b] - transport_mean[b] - sum_j counter_penalties[j] counter_probs[j] T (counter j rises with
+    probability p_j at each of the T steps). Exact for J and the gradient: the noise is mean zero given the brand
+    and all actions (module docstring)."""
+    params = env.unwrapped.params
+    horizon, penalty = params.horizon, float(np.dot(params.counter_probs, params.counter_penalties))
+    payout = np.asarray(params.price, float) - np.asarray(params.transport_mean, float) - penalty * horizon
+
+    def successors(key: tuple[int, int, int], action: int):
+        flag, brand, t = key
+        repairs = t == 0 and action == REPAIR
+        repaired = int(bool(flag) or repairs)
+        reward = (-float(params.repair_cost_mean[brand]) if repairs else 0.0) + (
+            float(payout[brand]) if repaired and t == horizon - 1 else 0.0
+        )
+        return [((repaired, brand, t + 1), 1.0, {reward: 1.0})]
+
+    starts = {(0, brand, 0): float(p) for brand, p in enumerate(params.brand_probs) if p > 0}
+    return _Builder(2).build(starts, lambda key: key[2] == horizon, successors, horizon)
