@@ -217,7 +217,7 @@ def reward_fit_section(directory: Path) -> str:
 
 def exact_gradient_section(path: Path) -> str:
     """benchmarks/exact_gradient.py: policy-gradient estimators against the exact gradient (COCOA's dB scores)."""
-    title = "Exact policy gradients on LinearKeyToDoor: bias, variance and SNR (dB) of each estimator"
+    title = "Exact policy gradients on LinearKeyToDoor and WatchRepair: bias, variance and SNR (dB) of each estimator"
     result = _read(path)
     if result is None:
         return f"## {title}\n\nNot produced yet: run `python benchmarks/exact_gradient.py`.\n"
@@ -225,9 +225,14 @@ def exact_gradient_section(path: Path) -> str:
     intro = (
         "Each seed is a tabular softmax policy with N(0, 1) logits on COCOA's linear key-to-door task; its exact "
         "gradient comes from dynamic programming on the env's MDP (docs/papers/cocoa.md). Lower bias and variance, "
-        "higher SNR are better; -inf bias is an unbiased estimator (COCOA's analytic expectation).\n"
+        "higher SNR are better; -inf bias is an unbiased estimator (COCOA's analytic expectation). On WatchRepair-v0 the "
+        "policy sees (repaired flag, brand, t); the MDP keeps each reward's mean (the noise is mean zero given the brand "
+        "and the actions, so J and its gradient are exact), while the estimators read episodes of the env itself, "
+        "noise included.\n"
     )
-    return f"## {title}\n\n{provenance(result.get('run'), extra=[('settings', settings)])}\n{intro}\n{result['table']}\n"
+    tables = [result["table"]] + ([result["watch_repair"]["table"]] if "watch_repair" in result else [])
+    body = "\n\n".join(tables)
+    return f"## {title}\n\n{provenance(result.get('run'), extra=[('settings', settings)])}\n{intro}\n{body}\n"
 
 
 def credit_reference_section(paths: list[Path]) -> str:
