@@ -25,8 +25,8 @@ softmax(logits[s])_a with one row of logits per MDP state:
 WatchRepair (`watch_repair_mdp`): the tabular policy sees (repaired flag, brand, t), `watch_repair_state` of the
 observation [flag, counter1, counter2, brand, t]; the two counters are dropped. Only the action at t = 0 changes
 anything (repair sets the flag; every later action is ignored by the env), and the repair cost (paid at t = 0),
-the transport cost and the counters' penalties (paid at t = T - 1 if repaired) are drawn independently of the
-brand and of every action. Write the return as G = G_bar + eps, G_bar the same episode with every noise replaced
+the transport cost and the counters' penalties (paid at t = T - 1 if repaired) are drawn independently of
+every action, from laws that depend only on the brand. Write the return as G = G_bar + eps, G_bar the same episode with every noise replaced
 by its mean (cost mean, transport mean, counter_j = p_j T); then E[eps | brand, a_0 .. a_{T-1}] = 0 (the flag
 multiplies the noise, but each noise has its mean subtracted whatever the flag), and the counters are
 independent of (flag, brand, t) and of the actions, so for the policy on (flag, brand, t)
