@@ -26,9 +26,10 @@ WatchRepair (`watch_repair_mdp`): the tabular policy sees (repaired flag, brand,
 observation [flag, counter1, counter2, brand, t]; the two counters are dropped. Only the action at t = 0 changes
 anything (repair sets the flag; every later action is ignored by the env), and the repair cost (paid at t = 0),
 the transport cost and the counters' penalties (paid at t = T - 1 if repaired) are drawn independently of
-every action, from laws that depend only on the brand. Write the return as G = G_bar + eps, G_bar the same episode with every noise replaced
-by its mean (cost mean, transport mean, counter_j = p_j T); then E[eps | brand, a_0 .. a_{T-1}] = 0 (the flag
-multiplies the noise, but each noise has its mean subtracted whatever the flag), and the counters are
+every action, from laws that depend only on the brand. Write the return as G = G_bar + eps, G_bar the same
+episode with every noise replaced by its mean (cost mean, transport mean, counter_j = p_j T); then
+E[eps | brand, a_0 .. a_{T-1}] = 0 (the flag multiplies the noise, but each noise has its mean subtracted whatever
+the flag), and the counters are
 independent of (flag, brand, t) and of the actions, so for the policy on (flag, brand, t)
 Q(s_t, a_t) = E[G_t | s_t, a_t] is the Q of G_bar. The policy gradient theorem needs only Q and the state
 visits, so J and dJ / dlogits are exact with the rewards replaced by their means: the MDP's reward law is a point
