@@ -89,6 +89,7 @@ METRICS = ("sign_all", "sign_nz", "spearman", "top_action", "cosine", "leakage")
 ZERO = 1e-12
 # --group-size auto on text and set envs: the LLM arm's rollouts per task (algorithms/llm/config.py, num_generations)
 AUTO_GROUP_SIZE = 8
+AUTO_EPISODES = {"actions": 32, "alternatives": 32, "slots": 256}  # --episodes auto, per seed (module docstring: budget)
 ACTIONS, ALTERNATIVES, SLOTS = "actions", "alternatives", "slots"  # how the reference branches (`Branching`)
 
 Episode = tuple[np.ndarray, np.ndarray, np.ndarray]  # (observations, actions, rewards) of one episode
@@ -119,6 +120,7 @@ class Branching:
     kind: str
     batch_provides: frozenset[str]
     info_provides: frozenset[str]
+    episodes: int = 32  # scored episodes per seed (--episodes)
     group_size: int = 1  # rollouts per task (--group-size); 1: every episode its own task, grouped by initial observation
 
 
@@ -467,7 +469,7 @@ def run_seed(
         replay_slots(env, policy, first + i // size, np.random.default_rng(s))
         if slots
         else replay_episode(env, policy, first + i // size, s, args.k, not args.independent_branches, args.decision_step)
-        for i, s in enumerate(score_seeds.spawn(args.episodes))
+        for i, s in enumerate(score_seeds.spawn(fit.episodes))
     ]
     reference_seconds = time.perf_counter() - started
     for i, played in [*enumerate(training), *enumerate(e.played for e in replayed)]:
@@ -576,6 +578,11 @@ def branching_kind(env: gym.Env) -> str | None:
     return None
 
 
+def space_text(space: gym.Space) -> str:
+    """A space on one line (a Text space's charset holds whitespace)."""
+    return f"Text(max_length={space.max_length})" if isinstance(space, gym.spaces.Text) else " ".join(str(space).split())
+
+
 def make_env(env_id: str) -> gym.Env | None:
     """The env, or None (with one line) where an optional package it needs is missing; one line for an env that
     cannot be branched over."""
@@ -588,7 +595,7 @@ def make_env(env_id: str) -> gym.Env | None:
         raise VcbmGymError(f"--env {env_id!r}: cannot be made ({type(exc).__name__}: {exc})") from None
     if branching_kind(env) is None:
         raise VcbmGymError(
-            f"--env {env_id!r}: action space {env.action_space} has no finite alternatives to branch over: expected "
+            f"--env {env_id!r}: action space {space_text(env.action_space)} has no finite alternatives to branch over: expected "
             "Discrete, an env that lists its turns' alternatives (turn_alternatives(), vcbm_gym/contract.py) or a "
             "one-step MultiDiscrete set action"
         )
@@ -649,7 +656,8 @@ def check_setting(env: gym.Env, env_id: str, args: argparse.Namespace) -> tuple[
             f"--independent-branches: env {env_id!r}'s set reference is exact (no continuations to share random numbers)"
         )
     size = args.group_size if args.group_size != "auto" else (1 if fit.kind == ACTIONS else AUTO_GROUP_SIZE)
-    return BehaviourPolicy(args.policy), replace(fit, group_size=size)
+    episodes = args.episodes if args.episodes != "auto" else AUTO_EPISODES[fit.kind]
+    return BehaviourPolicy(args.policy), replace(fit, group_size=size, episodes=episodes)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -660,7 +668,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--rules", default=",".join(RULES), help="comma-separated credit rules; those that cannot score are listed"
     )
     parser.add_argument("--seeds", type=int, default=3, help="independent repeats: training and scored episodes, rules")
-    parser.add_argument("--episodes", type=int, default=32, help="scored episodes per seed (the reference at every step)")
+    parser.add_argument(
+        "--episodes",
+        default="auto",
+        help=f"scored episodes per seed (the reference at every step); 'auto': {AUTO_EPISODES[ACTIONS]}, "
+        f"{AUTO_EPISODES[SLOTS]} sets on a set action (its reference is exact and cheap)",
+    )
     parser.add_argument("--train-episodes", type=int, default=512, help="episodes each rule learns from first, per seed")
     parser.add_argument("--batch-episodes", type=int, default=64, help="episodes per training batch (a PPO rollout)")
     parser.add_argument("--k", type=int, default=64, help="continuations per action and step")
@@ -690,7 +703,11 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     args.rules = rules
     cli.check_seed(args.seed)
     cli.check_int(args.seeds, "--seeds", 1, 1000)
-    cli.check_int(args.episodes, "--episodes", 2, 1_000_000)
+    if args.episodes != "auto":
+        try:
+            args.episodes = cli.check_int(int(args.episodes), "--episodes", 2, 1_000_000)
+        except ValueError:
+            raise VcbmGymError(f"--episodes {args.episodes!r}: expected 'auto' or an integer >= 2") from None
     cli.check_int(args.k, "--k", 2, 1_000_000)  # two continuations at least: a standard error needs them
     cli.check_int(args.batch_episodes, "--batch-episodes", 1)
     cli.check_int(args.train_episodes, "--train-episodes", 0, 10_000_000)
@@ -751,7 +768,7 @@ def run_env(
             "policy": args.policy,
             "seeds": args.seeds,
             "seed": args.seed,
-            "episodes": args.episodes,
+            "episodes": fit.episodes,
             "train_episodes": args.train_episodes,
             "batch_episodes": args.batch_episodes,
             "k": args.k if fit.kind != SLOTS else None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
@@ -100,7 +101,7 @@ def tiny_args(**changes: Any) -> argparse.Namespace:
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_the_reference_itself_scores_perfect_fidelity_and_its_negation_scores_wrong(monkeypatch, sign):
     env = cr.make_env("WatchRepair-v0")
-    policy, fit = cr.BehaviourPolicy("uniform"), cr.probe_branching(env, "WatchRepair-v0")
+    policy, fit = cr.BehaviourPolicy("uniform"), replace(cr.probe_branching(env, "WatchRepair-v0"), episodes=4)
     references = [e.credit for e in cr.run_seed(env, policy, tiny_args(), 0, [], fit)["episodes"]]
     monkeypatch.setattr(cr, "make_rule", lambda *args, **kwargs: Oracle(references, sign))
     rerun = cr.run_seed(env, policy, tiny_args(), 0, ["oracle"], fit)  # the same seed replays the same episodes
