@@ -72,11 +72,13 @@ buy the CI over episodes: at K = 64 the WatchRepair first decision's SE is ~0.7 
 credits of +-0.75 (brands 0, 3) and +-1.75 (brands 1, 2) under the uniform policy.
 
 Budget on the other envs, measured on tiny runs before any result was read (one core, shared): TextWatchWorkshop-v0
-takes 0.0030 s per scored episode and continuation (8 turns x 2 alternatives), so the defaults (3 seeds x 32
-episodes, K = 64, 512 training episodes) cost ~20 s of reference and ~30 s in all; SetRetrieval-v0 takes 0.006 s per
-scored set (m x P = 50 evaluations), so `--episodes auto` = 256 sets per seed costs ~5 s, ~15 s in all with the
-rules and 512 training sets per seed. Both stay far inside 5 minutes; raise --k (workshop) or --episodes for
-tighter estimates.
+takes 0.0030 s per scored episode and continuation (8 turns x 2 alternatives); SetRetrieval-v0 0.006 s per scored
+set (m x P = 50 evaluations). With groups of 8 rollouts per task the unit of the CIs is the task (the cluster
+bootstrap, `task_estimate`), so `--episodes auto` buys tasks: 128 episodes per seed on a text env (16 tasks; 3 x 128
+x 64 continuations ~ 75 s of reference, ~1.5 min in all; a first run at 32 episodes, 4 tasks per seed, gave CIs over
+episodes that ignored the shared outcome of a task's rollouts, and was replaced before its numbers were used) and
+256 sets per seed on a set action (32 requests; ~1 min in all, most of it the 512 training sets per seed). Both
+stay inside 5 minutes; raise --k (workshop) or --episodes for tighter estimates.
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ from algorithms.common import cli, provenance
 from algorithms.common.credit_slot import assign_credit, credit_of
 from algorithms.common.errors import VcbmGymError
 from algorithms.credit_fidelity import fidelity_metrics
-from algorithms.experiment.stats import aggregate_estimates, bootstrap_description
+from algorithms.experiment.stats import BOOTSTRAP_SEED, CONFIDENCE, N_RESAMPLES, aggregate_estimates, bootstrap_description
 from algorithms.sb3.callbacks import group_ids_for
 from envs.snapshot import restore, snapshot, snapshot_problem
 from vcbm_gym.credit.base import EpisodeBatch, unmet_rule_needs
@@ -124,7 +126,7 @@ METRICS = ("sign_all", "sign_nz", "spearman", "top_action", "cosine", "leakage")
 ZERO = 1e-12
 # --group-size auto on text and set envs: the LLM arm's rollouts per task (algorithms/llm/config.py, num_generations)
 AUTO_GROUP_SIZE = 8
-AUTO_EPISODES = {"actions": 32, "alternatives": 32, "slots": 256}  # --episodes auto, per seed (module docstring: budget)
+AUTO_EPISODES = {"actions": 32, "alternatives": 128, "slots": 256}  # --episodes auto, per seed (module docstring: budget)
 ACTIONS, ALTERNATIVES, SLOTS = "actions", "alternatives", "slots"  # how the reference branches (`Branching`)
 
 Episode = tuple[np.ndarray, np.ndarray, np.ndarray]  # (observations, actions, rewards) of one episode
@@ -427,23 +429,49 @@ def episode_scores(credit: np.ndarray, reference: np.ndarray, decision_step: int
     return scores
 
 
-def centred_scores(credit: np.ndarray, reference: np.ndarray) -> dict[str, float]:
-    """The fidelity metrics with credit and reference each centred within the episode (a set: CASI's protocol,
-    algorithms/credit_fidelity.py); no leakage."""
+def set_scores(credit: np.ndarray, reference: np.ndarray, centred: bool) -> dict[str, float]:
+    """A set's fidelity metrics over its slots, as defined or with credit and reference each centred within the set
+    (CASI's protocol, algorithms/credit_fidelity.py); no leakage (a set has no decision step)."""
     credit, reference = np.asarray(credit, float), np.asarray(reference, float)
-    return episode_scores(credit - credit.mean(), reference - reference.mean(), None)
+    if centred:
+        credit, reference = credit - credit.mean(), reference - reference.mean()
+    return fidelity_metrics(credit, reference)
 
 
-def summarise(per_episode: list[dict[str, float]]) -> dict[str, Any]:
-    """Mean (median for cosine) of each metric over episodes with a bootstrap 95% CI; NaNs (undefined) left out."""
+def summarise(per_episode: list[dict[str, float]], tasks: list[int] | None = None) -> dict[str, Any]:
+    """Mean (median for cosine) of each metric over episodes with a bootstrap 95% CI; NaNs (undefined) left out.
+    With `tasks` (episode -> its task, --group-size > 1) the bootstrap resamples whole tasks (`task_estimate`)."""
     summary: dict[str, Any] = {}
     for metric in METRICS:
-        values = np.array([row[metric] for row in per_episode], float)
-        values = values[np.isfinite(values)]
+        values = np.array([row.get(metric, np.nan) for row in per_episode], float)
+        defined = np.isfinite(values)
         statistic = "median" if metric == "cosine" else "mean"
-        estimate = aggregate_estimates(values)[statistic] if len(values) else {"estimate": None, "ci_low": None, "ci_high": None}
-        summary[metric] = {**estimate, "statistic": statistic, "n_defined": int(len(values))}
+        if not defined.any():
+            estimate = {"estimate": None, "ci_low": None, "ci_high": None}
+        elif tasks is not None:
+            estimate = task_estimate(values[defined], np.asarray(tasks)[defined], statistic)
+        else:
+            estimate = aggregate_estimates(values[defined])[statistic]
+        summary[metric] = {**estimate, "statistic": statistic, "n_defined": int(defined.sum())}
     return summary
+
+
+def task_estimate(values: np.ndarray, tasks: np.ndarray, statistic: str) -> dict[str, float | None]:
+    """The mean or median over episodes with a percentile bootstrap 95% CI that resamples whole tasks with
+    replacement (the cluster bootstrap): rollouts of one task share its request or outcome, so they are not
+    independent and resampling episodes would understate the CI. Resamples and seed as algorithms/experiment/stats.py."""
+    groups = [values[tasks == task] for task in np.unique(tasks)]
+    point = float(np.median(values) if statistic == "median" else np.mean(values))
+    if len(groups) < 2:
+        return {"estimate": point, "ci_low": None, "ci_high": None}
+    draws = np.random.default_rng(BOOTSTRAP_SEED).integers(len(groups), size=(N_RESAMPLES, len(groups)))
+    if statistic == "median":
+        resampled = [np.median(np.concatenate([groups[i] for i in row])) for row in draws]
+    else:  # the mean of the pooled episodes, from each task's sum and count
+        sums, counts = np.array([g.sum() for g in groups]), np.array([len(g) for g in groups])
+        resampled = sums[draws].sum(axis=1) / counts[draws].sum(axis=1)
+    low, high = np.percentile(resampled, [100 * (1 - CONFIDENCE) / 2, 100 * (1 + CONFIDENCE) / 2])
+    return {"estimate": point, "ci_low": float(low), "ci_high": float(high)}
 
 
 def rule_misfit(name: str, env: gym.Env, fit: Branching) -> str | None:
@@ -516,11 +544,13 @@ def run_seed(
         credit = rule_credit(name, env, training, args.batch_episodes, scored, fit.batch_provides)
         pairs = [(c[: len(e.credit)], e) for c, e in zip(credit, replayed)]
         result["rules"][name] = {
-            "scores": [episode_scores(c, e.credit, e.decision_step) for c, e in pairs],
+            "scores": [
+                set_scores(c, e.credit, False) if slots else episode_scores(c, e.credit, e.decision_step) for c, e in pairs
+            ],
             "seconds": time.perf_counter() - started,
         }
         if slots:
-            result["rules"][name]["centred"] = [centred_scores(c, e.credit) for c, e in pairs]
+            result["rules"][name]["centred"] = [set_scores(c, e.credit, True) for c, e in pairs]
     return result
 
 
@@ -706,8 +736,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--episodes",
         default="auto",
-        help=f"scored episodes per seed (the reference at every step); 'auto': {AUTO_EPISODES[ACTIONS]}, "
-        f"{AUTO_EPISODES[SLOTS]} sets on a set action (its reference is exact and cheap)",
+        help=f"scored episodes per seed (the reference at every step); 'auto': {AUTO_EPISODES[ACTIONS]} on a Discrete env, "
+        f"{AUTO_EPISODES[ALTERNATIVES]} on a text env, {AUTO_EPISODES[SLOTS]} sets on a set action (module docstring)",
     )
     parser.add_argument("--train-episodes", type=int, default=512, help="episodes each rule learns from first, per seed")
     parser.add_argument("--batch-episodes", type=int, default=64, help="episodes per training batch (a PPO rollout)")
@@ -781,6 +811,10 @@ def run_env(
     fitting = [name for name in names if misfits[name] is None]
     seeds = [run_seed(env, policy, args, seed, fitting, fit) for seed in range(args.seeds)]
     episodes = [episode for seed in seeds for episode in seed["episodes"]]
+    # the bootstrap's unit: a task (seed, group) where rollouts of one task share it, else the episode
+    tasks = (
+        [i * 1_000_000 + e.played.task for i, seed in enumerate(seeds) for e in seed["episodes"]] if fit.group_size > 1 else None
+    )
     shortest = min(len(e.credit) for e in episodes)
     if any(e.decision_step is not None and e.decision_step >= len(e.credit) for e in episodes):
         raise VcbmGymError(f"--decision-step {args.decision_step}: expected a step inside every episode (shortest: {shortest})")
@@ -791,12 +825,13 @@ def run_env(
             continue
         per_episode = [score for seed in seeds for score in seed["rules"][name]["scores"]]
         rules[name] = {
-            "summary": summarise(per_episode),
+            "summary": summarise(per_episode, tasks),
             "per_episode": per_episode,
             "seconds_per_seed": float(np.mean([seed["rules"][name]["seconds"] for seed in seeds])),
         }
         if fit.kind == SLOTS:
-            rules[name]["summary_centred"] = summarise([score for seed in seeds for score in seed["rules"][name]["centred"]])
+            centred = [score for seed in seeds for score in seed["rules"][name]["centred"]]
+            rules[name]["summary_centred"] = summarise(centred, tasks)
     result = {
         "env": env_id,
         "settings": {
@@ -827,19 +862,14 @@ def run_env(
             **reference_summary(episodes),
             "seconds_per_seed": float(np.mean([seed["reference_seconds"] for seed in seeds])),
         },
-        "reference_episodes": [
-            {
-                "credit": e.credit,
-                "credit_se": e.credit_se,
-                "q": e.q,
-                "v": e.v,
-                "actions": e.actions,
-                "decision_step": e.decision_step,
-            }
-            for e in episodes
-        ],
+        "reference_episodes": [reference_record(e, fit.kind) for e in episodes],
         "rules": rules,
-        "bootstrap": bootstrap_description(),
+        "bootstrap": {
+            **bootstrap_description(),
+            "unit": "the task: whole groups of rollouts of one task resampled (cluster bootstrap, task_estimate)"
+            if tasks is not None
+            else "the scored episode",
+        },
     }
     result["table"] = markdown_table(result)
     result["run"] = provenance.run_record(PROG, argv, started)
@@ -849,6 +879,16 @@ def run_env(
     cli.atomic_write_text(out.with_suffix(".md"), result["table"] + "\n")
     print(result["table"])
     return result
+
+
+def reference_record(episode: ReplayedEpisode, kind: str) -> dict[str, Any]:
+    """One scored episode's reference for the JSON; a set's without its standard errors (0: exact) and decision step
+    (none)."""
+    record = {"credit": episode.credit, "credit_se": episode.credit_se, "q": episode.q, "v": episode.v}
+    record.update(actions=episode.actions, decision_step=episode.decision_step)
+    if kind == SLOTS:
+        del record["credit_se"], record["decision_step"]
+    return record
 
 
 def _plain(value: Any) -> Any:

@@ -208,3 +208,14 @@ def test_bad_env_and_option_combinations_are_one_line_before_anything_is_written
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(start), lines
     assert not (tmp_path / "new").exists()
+
+
+def test_the_bootstrap_over_tasks_resamples_whole_groups():
+    # Tasks {1, 1, 1} and {5}: a resample of two tasks has mean 1 (both the first, p = 1/4), 5 (both the second,
+    # p = 1/4) or (3 + 5) / 4 = 2, so the 95% percentile interval is [1, 5]; resampling the 4 episodes would not
+    # reach 5 (all four the last one: p = 1/256 < 2.5%).
+    estimate = cr.task_estimate(np.array([1.0, 1.0, 1.0, 5.0]), np.array([0, 0, 0, 1]), "mean")
+    assert estimate == {"estimate": 2.0, "ci_low": 1.0, "ci_high": 5.0}
+    median = cr.task_estimate(np.array([0.0, 0, 0, 1, 1, 1]), np.array([0, 0, 0, 1, 1, 1]), "median")
+    assert median == {"estimate": 0.5, "ci_low": 0.0, "ci_high": 1.0}
+    assert cr.task_estimate(np.array([3.0, 4.0]), np.array([7, 7]), "mean")["ci_low"] is None  # one task: no CI
