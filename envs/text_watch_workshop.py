@@ -28,6 +28,11 @@ TextWatchRepair, `reset(seed=s)` fixes the task (brand, stations, the movement's
 and `options={"outcome_seed": o}` draws the outcome from `o` instead. The outcome is drawn when the service
 ends, so `restore(state, outcome_seed=o)` (envs/snapshot.py) at any turn draws all of it from `o`.
 
+The turn's finite alternatives (vcbm_gym/contract.py): `turn_alternatives()` lists the current station's tool
+calls, e.g. ("repair()", "skip()"), each a distinct decision of the parse above (any other answer is invalid);
+`optimal_alternative()` is the movement call the brand's expected return favours at the movement station and None
+at a cosmetic one, where no call changes the return (evaluation only: the replay reference's scripted policy).
+
 `info` per step: `state_mutating`, `execution_output` (the bookmark key), `effect` (the tool, or
 "invalid"), `is_decision_turn` (this turn was the movement station), `station`, and on the last
 step `first_decision_optimal` and `task_goal_completion` (the movement decision was optimal; a
@@ -112,8 +117,7 @@ class TextWatchWorkshopEnv(WatchTextEnv):
         if not self._stations or self._turn >= self.n_stations:
             raise RuntimeError("step() called before reset() or after the episode ended")
         text = action if isinstance(action, str) else str(action)
-        station = self._stations[self._turn]
-        tools = MOVEMENT_TOOLS if station == MOVEMENT else COSMETIC_TOOLS
+        station, tools = self._stations[self._turn], self._tools()
         effect = parse_station_action(text, tools)
         if effect == "invalid":
             output = f"invalid action {_printable(text)!r} at the {station}: expected {tools[0]}() or {tools[1]}()."
@@ -148,10 +152,26 @@ class TextWatchWorkshopEnv(WatchTextEnv):
     def render(self):
         return self._last_obs if self.render_mode == "ansi" else None
 
+    def turn_alternatives(self) -> tuple[str, ...]:
+        """The current station's tool calls: the turn's finite alternatives (module docstring)."""
+        return tuple(f"{tool}()" for tool in self._tools())
+
+    def optimal_alternative(self) -> str | None:
+        """At the movement station the call of the brand's optimal decision, else None (module docstring)."""
+        self._tools()  # one line before reset or after the end
+        if self._stations[self._turn] != MOVEMENT:
+            return None
+        return "repair()" if int(self._optimal[self._brand]) == REPAIR else "skip()"
+
     def redraw_outcome(self, rng: np.random.Generator) -> None:
         self._outcome_rng = rng  # nothing of the outcome is drawn before the last turn
 
     # --- internals -----------------------------------------------------------------------------
+    def _tools(self) -> tuple[str, ...]:
+        if not self._stations or self._turn >= self.n_stations:
+            raise RuntimeError("the turn's tools asked for before reset() or after the episode ended")
+        return MOVEMENT_TOOLS if self._stations[self._turn] == MOVEMENT else COSMETIC_TOOLS
+
     @property
     def _brand(self) -> int:
         return int(self._state[0, 3])

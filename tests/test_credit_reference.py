@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from typing import Any
 
 import gymnasium as gym
@@ -26,9 +27,9 @@ def first_decision(policy_name: str, brand: int, k: int = 1500) -> dict[str, Any
     """The replay estimates at WatchRepair's first step for a given brand."""
     env = cr.make_env("WatchRepair-v0")
     _, reset_info = env.reset(seed=brand, options={"brand": brand})
-    policy = cr.BehaviourPolicy(policy_name, 2)
-    returns = cr.replay_returns(env, snapshot(env), policy, 0, reset_info, k, np.random.SeedSequence(7))
-    return cr.replay_estimates(returns, policy.probabilities(0, reset_info))
+    policy, turn = cr.BehaviourPolicy(policy_name), cr.current_turn(env, 0, reset_info)
+    returns = cr.replay_returns(env, snapshot(env), policy, 0, turn, reset_info, k, np.random.SeedSequence(7))
+    return cr.replay_estimates(returns, policy.probabilities(turn))
 
 
 @pytest.mark.parametrize("brand", [1, 3])
@@ -66,7 +67,7 @@ def test_reference_is_zero_mean_under_the_behaviour_policy():
 
 def test_only_the_decision_carries_credit_and_branches_share_random_numbers():
     env = cr.make_env("WatchRepair-v0")
-    policy = cr.BehaviourPolicy("uniform", 2)
+    policy = cr.BehaviourPolicy("uniform")
     common = [cr.replay_episode(env, policy, seed, np.random.SeedSequence(seed), 4, True, "auto") for seed in range(8)]
     assert all(e.decision_step == 0 and len(e.credit) == 50 for e in common)
     assert all(e.credit[0] != 0 and np.all(e.credit[1:] == 0) and np.all(e.credit_se[1:] == 0) for e in common)
@@ -100,10 +101,10 @@ def tiny_args(**changes: Any) -> argparse.Namespace:
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_the_reference_itself_scores_perfect_fidelity_and_its_negation_scores_wrong(monkeypatch, sign):
     env = cr.make_env("WatchRepair-v0")
-    policy = cr.BehaviourPolicy("uniform", 2)
-    references = [e.credit for e in cr.run_seed(env, policy, tiny_args(), 0, [])["episodes"]]
+    policy, fit = cr.BehaviourPolicy("uniform"), replace(cr.probe_branching(env, "WatchRepair-v0"), episodes=4)
+    references = [e.credit for e in cr.run_seed(env, policy, tiny_args(), 0, [], fit)["episodes"]]
     monkeypatch.setattr(cr, "make_rule", lambda *args, **kwargs: Oracle(references, sign))
-    rerun = cr.run_seed(env, policy, tiny_args(), 0, ["oracle"])  # the same seed replays the same episodes
+    rerun = cr.run_seed(env, policy, tiny_args(), 0, ["oracle"], fit)  # the same seed replays the same episodes
     assert all(np.array_equal(a.credit, b) for a, b in zip(rerun["episodes"], references))
     summary = cr.summarise(rerun["rules"]["oracle"]["scores"])
     value = {metric: summary[metric]["estimate"] for metric in cr.METRICS}

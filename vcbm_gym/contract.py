@@ -21,6 +21,13 @@ makes every return and mean after it NaN), and an observation once returned is n
 later `step` or `reset` (an agent keeps it as the previous state of a transition), so an env that
 keeps its state in an array returns a copy of it.
 
+An env whose action space does not enumerate a turn's choices (a Text action space) may offer
+`turn_alternatives()` on its unwrapped instance: the finite actions the current turn offers, each a distinct
+decision its parser accepts (TextWatchWorkshop's station tools, "repair()" / "skip()"), and with it
+`optimal_alternative()`: the one it knows to be optimal at this turn, or None where it names none (evaluation
+only). The replay reference (`algorithms/credit_reference.py`) branches over them and its scripted policy takes
+the optimal one.
+
 An env may offer the snapshot protocol (`envs/snapshot.py`: `snapshot()` / `restore(state, outcome_seed)` on
 its unwrapped instance, called through `envs.snapshot.snapshot(env)` / `restore(env, state)`, which also
 capture the wrappers): a restored env continues exactly as the original would. `check_contract` checks it
