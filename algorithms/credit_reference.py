@@ -3,6 +3,7 @@
     python -m algorithms.credit_reference [--env WatchRepair-v0,umbrella_length/9] [--policy uniform|scripted]
         [--rules broadcast,loo,...] [--seeds 3] [--episodes auto] [--train-episodes 512] [--batch-episodes 64]
         [--k 64] [--group-size auto] [--decision-step auto] [--independent-branches] [--seed 0]
+        [--env-kwargs YAML]
         [--out benchmarks/results/credit_reference_{env}.json]
 
 For each seed, episodes of a behaviour policy pi are played; before every step t the env is snapshotted
@@ -93,6 +94,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import yaml
 
 import vcbm_gym  # noqa: F401  (registers the envs)
 from algorithms.common import cli, provenance
@@ -648,11 +650,11 @@ def space_text(space: gym.Space) -> str:
     return f"Text(max_length={space.max_length})" if isinstance(space, gym.spaces.Text) else " ".join(str(space).split())
 
 
-def make_env(env_id: str) -> gym.Env | None:
-    """The env, or None (with one line) where an optional package it needs is missing; one line for an env that
-    cannot be branched over."""
+def make_env(env_id: str, env_kwargs: dict[str, Any] | None = None) -> gym.Env | None:
+    """The env (`gym.make(env_id, **env_kwargs)`), or None (with one line) where an optional package it needs is
+    missing; one line for an env that cannot be branched over."""
     try:
-        env = gym.make(env_id)
+        env = gym.make(env_id, **(env_kwargs or {}))
     except ModuleNotFoundError as exc:  # the bsuite adapter without bsuite: not this command's failure
         print(f"skip: env {env_id!r} needs a package that is not installed ({exc})", file=sys.stderr)
         return None
@@ -751,6 +753,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--decision-step", default="auto", help="'auto' (what the env declares) or a step index")
     parser.add_argument("--independent-branches", action="store_true", help="no common random numbers across actions")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--env-kwargs",
+        default="{}",
+        help="YAML mapping of keyword arguments for every env's gym.make, e.g. '{integer_observations: true}' "
+        "(bsuite's integer view, the one the SB3 sweeps and vcbm_bookmark read)",
+    )
     parser.add_argument("--out", default=DEFAULT_OUT, help="JSON file; {env} becomes the env id; a .md table beside it")
     args = parser.parse_args(argv)
     return check_args(args)
@@ -766,6 +774,13 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     if not rules or unknown:
         raise VcbmGymError(f"--rules {args.rules!r}: unknown {unknown or 'empty'}; expected names from: {', '.join(RULES)}")
     args.rules = rules
+    try:
+        env_kwargs = yaml.safe_load(args.env_kwargs)
+    except yaml.YAMLError:
+        env_kwargs = None
+    if not isinstance(env_kwargs, dict) or not all(isinstance(key, str) for key in env_kwargs):
+        raise VcbmGymError(f"--env-kwargs {args.env_kwargs!r}: expected a YAML mapping of keyword names to values")
+    args.env_kwargs = env_kwargs
     cli.check_seed(args.seed)
     cli.check_int(args.seeds, "--seeds", 1, 1000)
     if args.episodes != "auto":
@@ -836,6 +851,7 @@ def run_env(
         "env": env_id,
         "settings": {
             "policy": args.policy,
+            "env_kwargs": args.env_kwargs,
             "seeds": args.seeds,
             "seed": args.seed,
             "episodes": fit.episodes,
@@ -907,7 +923,7 @@ def _plain(value: Any) -> Any:
 def run(argv: list[str]) -> list[dict[str, Any]]:
     args = parse(argv)
     started = provenance.start()
-    envs = {env_id: make_env(env_id) for env_id in args.envs}  # every env checked before any runs
+    envs = {env_id: make_env(env_id, args.env_kwargs) for env_id in args.envs}  # every env checked before any runs
     settings = {env_id: check_setting(env, env_id, args) for env_id, env in envs.items() if env is not None}
     return [run_env(env_id, envs[env_id], setting, args, argv, started) for env_id, setting in settings.items()]
 

@@ -140,6 +140,9 @@ def test_a_tiny_run_writes_its_json_and_table(tmp_path, capsys):
         (["--policy", "greedy"], "error: argument --policy: invalid choice"),
         (["--seed", "-1"], "error: --seed -1: expected an integer in [0,"),
         (["--episodes", "1"], "error: --episodes 1: expected an integer in [2,"),
+        (["--env-kwargs", "[1, 2]"], "error: --env-kwargs '[1, 2]': expected a YAML mapping"),
+        (["--env-kwargs", "{a: [}"], "error: --env-kwargs '{a: [}': expected a YAML mapping"),
+        (["--env", "WatchRepair-v0", "--env-kwargs", "{no_such: 1}"], "error: --env 'WatchRepair-v0': cannot be made"),
     ],
 )
 def test_bad_input_is_one_line_before_anything_is_written(tmp_path, monkeypatch, capsys, argv, start):
@@ -158,3 +161,15 @@ def test_scripted_policy_needs_an_env_that_names_its_best_first_action(tmp_path,
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "does not report optimal_first_action" in lines[0]
     assert not (tmp_path / "new").exists()
+
+
+def test_env_kwargs_reach_gym_make_and_the_recorded_settings(tmp_path, capsys):
+    # bsuite's integer view: the observation becomes MultiDiscrete, which vcbm_bookmark's causal test reads
+    pytest.importorskip("bsuite")
+    out = tmp_path / "r_{env}.json"
+    argv = ["--env", "umbrella_length/0", "--env-kwargs", "{integer_observations: true}", "--rules", "vcbm_bookmark"]
+    argv += ["--seeds", "1", "--episodes", "4", "--train-episodes", "0", "--k", "2", "--out", str(out)]
+    assert cr.main(argv) == 0
+    result = json.loads((tmp_path / "r_umbrella_length_0.json").read_text())
+    assert result["settings"]["env_kwargs"] == {"integer_observations": True}
+    assert "refused" not in result["rules"]["vcbm_bookmark"]
