@@ -601,12 +601,19 @@ def markdown_table(result: dict[str, Any]) -> str:
             f"{s['train_episodes']} episodes per seed{groups}; mean over episodes (cosine: median), 95% bootstrap CI.",
             f"The reference's mean standard error per step: {result['reference']['mean_credit_se']:.3g}; its own leakage: "
             + ("n/a (no decision step)" if not leak or leak["estimate"] is None else f"{leak['estimate']:.3f}")
+            + _decision_precision(result["reference"].get("mean_abs_z_at_decision"))
             + ".",
         ]
     lines += ["", *TABLE_HEAD, *table_rows(result["rules"], "summary")]
     if s.get("branching") == SLOTS:
         lines += ["", "Centred within the set:", "", *TABLE_HEAD, *table_rows(result["rules"], "summary_centred")]
     return "\n".join(lines)
+
+
+def _decision_precision(mean_abs_z: float | None) -> str:
+    """How far the reference's credit at the decision stands from 0 in its own standard errors (none where every
+    decision's SE is 0: then the reference is exact there)."""
+    return "" if mean_abs_z is None else f"; its mean |credit / SE| at the decision: {mean_abs_z:.2f}"
 
 
 def table_rows(rules: dict[str, Any], summary: str) -> list[str]:

@@ -247,9 +247,17 @@ def credit_reference_section(paths: list[Path]) -> str:
         settings = ", ".join(f"{key} {value}" for key, value in result["settings"].items() if key != "return")
         body.append(f"{provenance(result.get('run'), extra=[('settings', settings)])}\n{result['table']}\n")
     intro = (
-        "From snapshots along episodes of the behaviour policy, K continuations per action estimate Q(s_t, a) and V(s_t); "
-        "each rule's credit on the same episodes is scored against Q(s_t, a_t) - V(s_t) with CASI's fidelity metrics and "
-        "leakage (docs/papers/replay_credit.md).\n"
+        "From snapshots along episodes of the behaviour policy, K continuations per alternative estimate Q(s_t, a) and "
+        "V(s_t) (a text env's alternatives are the tools its turn offers; a set action's steps are its slots, each "
+        "slot's reference v(a) - E_b v(a with the slot := b) from the env's exact set value); each rule's credit on the "
+        "same episodes is scored against Q(s_t, a_t) - V(s_t) with CASI's fidelity metrics and leakage "
+        "(docs/papers/replay_credit.md). The reference reproduces the analytic credit where it is known: on "
+        "WatchRepair-v0 +-E[G | repair] / 2 at the first decision within 4 standard errors and exactly 0 after it "
+        "(tests/test_credit_reference.py), on umbrella_length/9 exactly +-1 at the first decision and 0 after it "
+        "(tests/test_credit_reference_umbrella.py), on TextWatchWorkshop-v0 at the movement station alone "
+        "(tests/test_credit_reference_envs.py); each table's own-leakage line shows it on the scored episodes. A "
+        "reference with a large standard error at the decision (mean |z| well under 2) pulls every rule's sign "
+        "agreement towards 0.5.\n"
     )
     return f"## {title}\n\n{intro}\n" + "\n".join(body)
 
@@ -393,7 +401,10 @@ def render(results_dir: Path) -> str:
         ),
         exact_gradient_section(results_dir / "exact_gradient.json"),
         credit_reference_section(
-            [results_dir / "credit_reference_WatchRepair-v0.json", results_dir / "credit_reference_umbrella_length_9.json"]
+            [
+                results_dir / f"credit_reference_{env}.json"
+                for env in ("WatchRepair-v0", "umbrella_length_9", "TextWatchWorkshop-v0", "SetRetrieval-v0")
+            ]
         ),
     ]
     header = (
