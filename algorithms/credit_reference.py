@@ -1,4 +1,4 @@
-"""Replay-defined credit, the reference (issue 34, item 2; SPEC.md Sec. 9; docs/papers/replay_credit.md).
+"""Replay-defined credit, the reference (issue 34, item 2; docs/papers/replay_credit.md).
 
     python -m algorithms.credit_reference [--env WatchRepair-v0,umbrella_length/9] [--policy uniform|scripted]
         [--rules broadcast,loo,...] [--seeds 3] [--episodes auto] [--train-episodes 512] [--batch-episodes 64]

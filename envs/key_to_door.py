@@ -40,7 +40,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-LENGTHS = (23, 43, 63, 83, 103)  # COCOA's conveyor lengths (SPEC.md Sec. 9; its length sweeps)
+LENGTHS = (23, 43, 63, 83, 103)  # COCOA's conveyor lengths (Meulemans et al. 2023, its length sweeps)
 PICK_KEY, PICK_LEFT, PICK_RIGHT, OPEN_DOOR = 0, 1, 2, 3
 EMPTY, APPLE_LEFT, APPLE_RIGHT, DOOR, KEY, TREASURE = 0, 1, 2, 3, 4, 5
 N_CELLS = 6

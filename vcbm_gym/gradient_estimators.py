@@ -13,7 +13,7 @@ the ones it weighs; the critic only with the exact Q (a learned Q's bias is `exp
 exact gradient, vcbm_gym/exact_gradient.py). `fit_state_values` / `fit_action_values` learn V and Q (Monte Carlo
 means per state / per pair).
 
-Scores (COCOA `callback.py`, `get_metrics`; SPEC.md Sec. 9), for a stack of estimates g_hat of the exact g:
+Scores (COCOA `callback.py`, `get_metrics`), for a stack of estimates g_hat of the exact g:
 - `bias_db` = 20 log10(||g - E g_hat|| / ||g||);
 - `variance_db` = 10 log10(mean (g_hat - E g_hat)^2 / mean g^2), means over estimates and entries;
 - `snr_db` = 10 log10(||g||^2 / E ||g_hat - g||^2).

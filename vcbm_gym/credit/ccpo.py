@@ -2,7 +2,7 @@
 
 Z. Li et al., arXiv 2603.21563: Counterfactual Credit for Policy Optimization (CCPO) and Self-Evaluated Credit
 for Policy Optimization (SEPO), with the reference code bhai114/ccpo (its two-model trainers); the equations as
-SPEC.md section 10 gives them. A Thinker writes a thought, a Solver answers, a verifier scores the
+the paper gives them. A Thinker writes a thought, a Solver answers, a verifier scores the
 answer R in {-1, +1}. Each function maps a batch of such episodes, one row each, to per-role rewards or
 advantages; rows of one prompt share a group id (the prompt's n thoughts). docs/papers/ccpo.md lists where each
 equation lives and the choices made where the paper or its code is ambiguous.
