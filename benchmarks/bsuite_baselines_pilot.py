@@ -61,6 +61,12 @@ cores): 8 candidates x 2 settings x 6 seeds = 96 runs, about 3,300 s of run time
 twice as long), ~30 minutes on 2 workers. Caveat fixed before the results: under a reward rule (`dqn+RULE`) the
 runner's own replay buffer replaces SB3's, and SB3 then ignores `n_steps` with a warning, so an n-step entry would
 make the plain baseline n-step and its credit-rule runs one-step.
+
+Round 6's outcome (benchmarks/results/bsuite_baselines_pilot_round6.json; 2,632 s of wall time, the cores shared
+with other jobs at a load of 5-7): rates at chains 4 / 5, mean over seeds 100-105. PPO keeps its entry (0.705 /
+0.623); a clip range of 0.5 (0.635 / 0.554), a learning rate of 3e-3 (0.652 / 0.589) and both (0.568 / 0.544) did
+worse. DQN takes n = 10 (0.834 / 0.773, against the entry's 0.760 / 0.713; n = 3 0.771 / 0.740; n = 10 with 4
+gradient steps 0.808 / 0.736): its zoo entry gains `n_steps: 10`.
 """
 
 from __future__ import annotations
