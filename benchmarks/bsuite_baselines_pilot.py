@@ -66,7 +66,10 @@ Round 6's outcome (benchmarks/results/bsuite_baselines_pilot_round6.json; 2,632 
 with other jobs at a load of 5-7): rates at chains 4 / 5, mean over seeds 100-105. PPO keeps its entry (0.705 /
 0.623); a clip range of 0.5 (0.635 / 0.554), a learning rate of 3e-3 (0.652 / 0.589) and both (0.568 / 0.544) did
 worse. DQN takes n = 10 (0.834 / 0.773, against the entry's 0.760 / 0.713; n = 3 0.771 / 0.740; n = 10 with 4
-gradient steps 0.808 / 0.736): its zoo entry gains `n_steps: 10`.
+gradient steps 0.808 / 0.736): its zoo entry gains `n_steps: 10`. The chains 1-4 check rerun with it
+(seeds 0-2, benchmarks/results/bsuite_umbrella_length_chains_1_to_4_sb3_baselines, no run reused) gave regret
+0.05/0.15/0.22/0.38 (dqn, below 0.5 on every chain; 0.05/0.28/0.42/0.51 before) and, with ppo's entry unchanged,
+the same 0.22/0.30/0.44/0.64 (ppo) as before: chain 4 still fails for ppo.
 """
 
 from __future__ import annotations
