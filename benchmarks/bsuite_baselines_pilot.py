@@ -44,6 +44,32 @@ round 3's "n32-b8-e10-lr1e-3-l1" (0.84 at chain 2, 0.67 at chain 5), dqn round 3
 benchmarks/results/bsuite_umbrella_length_chains_1_to_4_sb3_baselines) gave regret 0.22/0.30/0.44/0.64 (ppo) and
 0.05/0.28/0.42/0.51 (dqn): chain 4 still above 0.5 for both, ppo's worse than round 2's 0.52 although its held-out
 chain-5 rate was higher (0.67 against 0.63): three seeds separate these candidates less than they differ.
+
+Round 6 (ppo and dqn): chain 4 of the check is the one that fails, so round 6 tunes on chains 4 and 5 (settings 3
+and 4) with seeds 100-105: other seeds than the check's 0-2, and six of them, since three separated rounds 3-5's
+candidates less than they differed. Each algo's reference is its current zoo entry. DQN: SB3 2.9.2's `n_steps`
+(n-step returns through its NStepReplayBuffer): with n at least the chain length (n = 10 covers every chain of the
+short protocol) the first decision's target is the episode's whole return in one update instead of a bootstrap that
+needs chain-length target updates to carry the final reward back; n = 3 is the middle ground (less distractor noise
+in the target, some bootstrapping left); n = 10 with 4 gradient steps per step asks whether more updates help once
+the target is direct. PPO: its defaults already have no entropy bonus and separate policy and value nets, and rounds
+3-4 tried shorter rollouts, smaller nets and unnormalised advantages, so round 6 varies what bounds each update's
+step: a clip range of 0.5, a learning rate of 3e-3, and both. Rule as in rounds 3-5: per algo the best worst-setting
+mean, ties to the best mean; the zoo entry changes only where that is not the reference. Budget, fixed from two
+timing runs at chain 5 on seed 200 (not a round-6 seed; PPO 29 s, DQN n = 10 33 s with another helper's job on the
+cores): 8 candidates x 2 settings x 6 seeds = 96 runs, about 3,300 s of run time (DQN with 4 gradient steps about
+twice as long), ~30 minutes on 2 workers. Caveat fixed before the results: under a reward rule (`dqn+RULE`) the
+runner's own replay buffer replaces SB3's, and SB3 then ignores `n_steps` with a warning, so an n-step entry would
+make the plain baseline n-step and its credit-rule runs one-step.
+
+Round 6's outcome (benchmarks/results/bsuite_baselines_pilot_round6.json; 2,632 s of wall time, the cores shared
+with other jobs at a load of 5-7): rates at chains 4 / 5, mean over seeds 100-105. PPO keeps its entry (0.705 /
+0.623); a clip range of 0.5 (0.635 / 0.554), a learning rate of 3e-3 (0.652 / 0.589) and both (0.568 / 0.544) did
+worse. DQN takes n = 10 (0.834 / 0.773, against the entry's 0.760 / 0.713; n = 3 0.771 / 0.740; n = 10 with 4
+gradient steps 0.808 / 0.736): its zoo entry gains `n_steps: 10`. The chains 1-4 check rerun with it
+(seeds 0-2, benchmarks/results/bsuite_umbrella_length_chains_1_to_4_sb3_baselines, no run reused) gave regret
+0.05/0.15/0.22/0.38 (dqn, below 0.5 on every chain; 0.05/0.28/0.42/0.51 before) and, with ppo's entry unchanged,
+the same 0.22/0.30/0.44/0.64 (ppo) as before: chain 4 still fails for ppo.
 """
 
 from __future__ import annotations
@@ -60,12 +86,22 @@ from algorithms.common import cli, provenance  # noqa: E402
 from algorithms.experiment.jobs import seed_jobs, train_jobs  # noqa: E402
 from algorithms.train import resolve_spec  # noqa: E402
 
-# round -> umbrella_length indices (1, 4, 7: chain lengths 2, 5, 8; the short protocol scores 0, 2, 5, 9 on seeds 0-2,
+# round -> umbrella_length indices (1, 4, 7: chain lengths 2, 5, 8; 3: chain 4; the short protocol scores 0, 2, 5, 9 on seeds 0-2,
 # the chains 1-4 check 0-3 on seeds 0-2) and seeds
-SETTINGS = {1: (1, 4, 7), 2: (1, 4, 7), 3: (1, 4), 4: (1, 4), 5: (1, 4)}
-SEEDS = {1: range(100, 102), 2: range(100, 102), 3: range(100, 103), 4: range(100, 103), 5: range(100, 103)}
+SETTINGS = {1: (1, 4, 7), 2: (1, 4, 7), 3: (1, 4), 4: (1, 4), 5: (1, 4), 6: (3, 4)}
+SEEDS = {
+    1: range(100, 102), 2: range(100, 102), 3: range(100, 103), 4: range(100, 103), 5: range(100, 103),
+    6: range(100, 106),
+}  # fmt: skip
 EPISODES = 1_000
-WINDOWS = {1: 200, 2: EPISODES, 3: EPISODES, 4: EPISODES, 5: EPISODES}  # round -> the episodes the measured rate covers
+WINDOWS = {
+    1: 200,
+    2: EPISODES,
+    3: EPISODES,
+    4: EPISODES,
+    5: EPISODES,
+    6: EPISODES,
+}  # round -> the episodes the measured rate covers
 ROUND_1: dict[str, dict[str, dict[str, Any]]] = {
     "ppo": {
         "n32-lr1e-3": {"n_steps": 32, "batch_size": 32, "n_epochs": 4, "learning_rate": 1e-3, "ent_coef": 0.01},
@@ -175,7 +211,21 @@ ROUND_5: dict[str, dict[str, dict[str, Any]]] = {
         "ls32-tu50-e0.02-lr5e-3-gs2-b64-a64": {**DQN_R3, "learning_rate": 5e-3},
     },
 }  # fmt: skip
-ROUNDS = {1: ROUND_1, 2: ROUND_2, 3: ROUND_3, 4: ROUND_4, 5: ROUND_5}
+ROUND_6: dict[str, dict[str, dict[str, Any]]] = {
+    "ppo": {
+        "n32-b8-e10-lr1e-3-l1": PPO_B8,  # the zoo entry (round 3's choice), the reference
+        "n32-b8-e10-lr1e-3-l1-clip0.5": {**PPO_B8, "clip_range": 0.5},
+        "n32-b8-e10-lr3e-3-l1": {**PPO_B8, "learning_rate": 3e-3},
+        "n32-b8-e10-lr3e-3-l1-clip0.5": {**PPO_B8, "learning_rate": 3e-3, "clip_range": 0.5},
+    },
+    "dqn": {
+        "ls32-tu50-e0.02-lr3e-3-gs2-b64-a64": DQN_R3,  # the zoo entry (round 3's choice), the reference
+        "ls32-tu50-e0.02-lr3e-3-gs2-b64-a64-ns3": {**DQN_R3, "n_steps": 3},
+        "ls32-tu50-e0.02-lr3e-3-gs2-b64-a64-ns10": {**DQN_R3, "n_steps": 10},
+        "ls32-tu50-e0.02-lr3e-3-gs4-b64-a64-ns10": {**DQN_R3, "n_steps": 10, "gradient_steps": 4},
+    },
+}  # fmt: skip
+ROUNDS = {1: ROUND_1, 2: ROUND_2, 3: ROUND_3, 4: ROUND_4, 5: ROUND_5, 6: ROUND_6}
 VIEW = {"env_kwargs": {"integer_observations": True}}  # the view every algo of the sweeps sees
 
 
