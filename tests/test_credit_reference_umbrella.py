@@ -33,7 +33,7 @@ def analytic_credit(observations: np.ndarray, actions: np.ndarray) -> np.ndarray
 
 def replayed(seed: int, k: int, common: bool) -> cr.ReplayedEpisode:
     env = cr.make_env(ENV)
-    return cr.replay_episode(env, cr.BehaviourPolicy("uniform", 2), seed, np.random.SeedSequence(seed), k, common, "auto")
+    return cr.replay_episode(env, cr.BehaviourPolicy("uniform"), seed, np.random.SeedSequence(seed), k, common, "auto")
 
 
 def test_common_random_numbers_give_the_analytic_credit_exactly():
@@ -42,7 +42,7 @@ def test_common_random_numbers_give_the_analytic_credit_exactly():
     assert signs == {1.0, -1.0}  # both a right and a wrong first action were scored: a flipped sign would show
     for episode in episodes:
         assert episode.decision_step == 0 and len(episode.credit) == LENGTH
-        np.testing.assert_array_equal(episode.credit, analytic_credit(episode.observations, episode.actions))
+        np.testing.assert_array_equal(episode.credit, analytic_credit(episode.played.observations, episode.actions))
         np.testing.assert_array_equal(episode.credit_se, np.zeros(LENGTH))
 
 
@@ -52,7 +52,7 @@ def test_independent_branches_give_the_analytic_credit_within_their_standard_err
     # probability 6e-5 per step, ~0.006 over the 100 steps checked).
     for seed in range(10):
         episode = replayed(seed, k=256, common=False)
-        truth = analytic_credit(episode.observations, episode.actions)
+        truth = analytic_credit(episode.played.observations, episode.actions)
         noisy = episode.credit_se > 0
         assert noisy[0] and abs(truth[0]) > 4 * episode.credit_se[0]  # the decision's sign is resolved
         assert np.all(np.abs(episode.credit - truth)[noisy] < 4 * episode.credit_se[noisy])
