@@ -66,7 +66,6 @@ from vcbm_gym.credit.base import EpisodeBatch, RewardRule
 from vcbm_gym.credit.features import Featurizer, TransitionFeaturizer, episode_featurizer, is_per_transition
 from vcbm_gym.credit.model_training import AdamState, LessonBuffer, adam_step
 
-
 DTYPES = ("float64", "float32")
 
 
