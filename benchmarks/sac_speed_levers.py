@@ -137,7 +137,7 @@ def sbx_installed() -> bool:
 def report(rows: list[dict[str, Any]], variants: list[str]) -> list[str]:
     base = sum(r["steps_per_s"] for r in rows if r["variant"] == "sac") / sum(r["variant"] == "sac" for r in rows)
     lines = [f"{'variant':34s} {'steps/s per repeat':>22s} {'mean':>7s} {'vs sac':>7s} {'episode length':>15s}"]
-    for variant in variants:
+    for variant in [v for v in variants if any(r["variant"] == v for r in rows)]:
         mine = [r for r in rows if r["variant"] == variant]
         rates = [r["steps_per_s"] for r in mine]
         mean, length = sum(rates) / len(rates), sum(r["mean_length"] for r in mine) / len(mine)
@@ -169,17 +169,19 @@ def run(argv: list[str]) -> None:
         "settings": {k: v for k, v in vars(args).items() if k not in ("json", "markdown")},
     }
     record.update(cpus=os.cpu_count(), load_before=os.getloadavg(), skipped=sorted(set(args.variants) - set(variants)))
-    rows = []
-    for repeat in range(args.repeats):
-        for variant in variants if repeat % 2 == 0 else variants[::-1]:
-            rows.append({"variant": variant, "repeat": repeat, **run_variant(variant, args)})
-            print(f"{variant:34s} repeat {repeat}: {rows[-1]['steps_per_s']:.1f} steps/s", flush=True)
-    record["load_after"] = os.getloadavg()
-    lines = report(rows, variants)
-    lines += [f"load average (1, 5, 15 min) before {record['load_before']}, after {record['load_after']}, {os.cpu_count()} cpus"]
+    rows: list[dict[str, Any]] = []
+    planned = [(r, v) for r in range(args.repeats) for v in (variants if r % 2 == 0 else variants[::-1])]
+    for repeat, variant in planned:
+        rows.append({"variant": variant, "repeat": repeat, **run_variant(variant, args), "load_after": os.getloadavg()})
+        print(f"{variant:34s} repeat {repeat}: {rows[-1]['steps_per_s']:.1f} steps/s", flush=True)
+        # the report so far after every run: a stopped benchmark keeps what it measured
+        record.update(load_after=os.getloadavg(), runs_done=len(rows), runs_planned=len(planned))
+        lines = report(rows, variants)
+        load = f"load average (1, 5, 15 min) before {record['load_before']}, after {record['load_after']}"
+        lines += [f"{load}, {os.cpu_count()} cpus; {len(rows)} of {len(planned)} runs done"]
+        title = f"SAC speed levers on {args.env} (steps/s past warm-up, side by side)"
+        provenance.write_report(title, parser.prog, argv, record, rows, lines, args.json, args.markdown)
     print("\n".join(lines))
-    title = f"SAC speed levers on {args.env} (steps/s past warm-up, side by side)"
-    provenance.write_report(title, parser.prog, argv, record, rows, lines, args.json, args.markdown)
 
 
 def main(argv: list[str] | None = None) -> int:
