@@ -41,8 +41,8 @@ Choices where the paper is silent or tuned for MuJoCo:
   did): the parameters, Adam's state and the MLP's products in float32, each layer one 2-D product over all
   rows (a (N, 1, F) stack of one-step episodes is N tiny products otherwise); the loss and its gradient with
   respect to the rewards stay float64. The same math to float32 rounding (tested against the float64 step);
-  half the time of the model's step and a quarter of the replay buffer's relabelling forward pass on the
-  256-256 MuJoCo model (benchmarks/sac_speed_levers.py).
+  about half the time of the model's step and a quarter of the replay buffer's relabelling forward pass on the
+  256-256 MuJoCo model; SAC + RRD on Hopper 1.2-1.5x faster end to end (benchmarks/sac_speed_levers.py).
 - Schedule: on each `observe`, the episodes enter a FIFO lesson buffer (`rudder.LessonBuffer`);
   once it holds `min_buffer_episodes`, `train_steps` Adam steps each on `episodes_per_step`
   buffer episodes, one random subset of K steps per episode.
