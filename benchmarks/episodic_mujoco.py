@@ -24,9 +24,15 @@ steps (the papers' 10,000 would be a third of it) and an evaluation every 5,000.
 (RRD) steps: this budget is 3% of IRCR's, enough to see whether a rule's reward lets SAC start learning from the
 episodic reward sooner, not the papers' final returns. The full protocol is `--steps 1000000 --learning-starts 10000
 --eval-every 10000` (about 2.6 hours a run at these rates), for `--backend ray` on more machines. Levers measured
-or weighed: a second torch thread per run buys nothing with two runs on two cores; the relabelling buffer needs one
-env per run (no vectorised collection); a lower update ratio would change the papers' protocol; SBX (SB3's JAX
-version, 150-164 steps/s on Hopper per the issue's own measurement) is not wired into the SB3 arm yet.
+side by side (benchmarks/sac_speed_levers.py, benchmarks/results/sac_speed_levers.md: EpisodicHopper-v5, steps
+2,500-5,500 of a run, one process at a time, 2026-12-04, the two cores shared with other jobs at load average 3-8):
+against SB3 SAC's 69 steps/s, a second torch thread makes 0.07x; sac+rrd as run here 0.10x (7 steps/s), because
+numpy's OpenBLAS runs the reward model's products on a thread per core, which contend with everything else; with
+OPENBLAS_NUM_THREADS=1 sac+rrd makes 0.9x (53-69 steps/s, 8.7x its default), and with RRD's `dtype: float32`
+option as well 1.2x (77-83 steps/s, 1.2-1.5x float64's at one BLAS thread); sac+ircr 0.9x; SBX's SAC (SB3's JAX
+version, not wired into the SB3 arm) 2.1-2.2x, with or without one XLA thread. The relabelling buffer needs one
+env per run (no vectorised collection), and a lower update ratio would change the papers' protocol (one gradient
+step per env step), so neither was measured.
 
 MEASURED AFTERWARDS (the first run of the default, 2026-12-03, EpisodicHopper-v5, two runs side by side on two
 cores): the budget above does not hold. Wall time per run: sac 255-338 s, sac+ircr 478-593 s, sac+rrd 836-1,611 s,
