@@ -28,7 +28,8 @@ side by side (benchmarks/sac_speed_levers.py, benchmarks/results/sac_speed_lever
 2,500-5,500 of a run, one process at a time, 2026-12-04, the two cores shared with other jobs at load average 3-8):
 against SB3 SAC's 69 steps/s, a second torch thread makes 0.07x; sac+rrd as run here 0.10x (7 steps/s), because
 numpy's OpenBLAS runs the reward model's products on a thread per core, which contend with everything else; with
-OPENBLAS_NUM_THREADS=1 sac+rrd makes 0.9x (53-69 steps/s, 8.7x its default), and with RRD's `dtype: float32`
+OPENBLAS_NUM_THREADS=1 sac+rrd makes 0.9x (53-69 steps/s, 8.7x its default; kept: every SB3 run now limits numpy's
+BLAS to its torch_threads, with threadpoolctl; the published runs predate this), and with RRD's `dtype: float32`
 option as well 1.2x (77-83 steps/s, 1.2-1.5x float64's at one BLAS thread); sac+ircr 0.9x; SBX's SAC (SB3's JAX
 version, not wired into the SB3 arm) 2.1-2.2x, with or without one XLA thread. The relabelling buffer needs one
 env per run (no vectorised collection), and a lower update ratio would change the papers' protocol (one gradient

@@ -44,6 +44,7 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.preprocessing import get_action_dim
 from stable_baselines3.common.vec_env import DummyVecEnv
+from threadpoolctl import threadpool_limits
 
 from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value, load_object, log_env_to_run_dir, make_env
 from algorithms.common.convergence import ConvergenceTracker, EpisodeOutcomes, EpisodeRunConfig
@@ -351,6 +352,9 @@ def build(spec: RunSpec, tensorboard_log: str | None) -> Built:
     config: SB3Config = spec.config
     run_cfg, kwargs = config.run, copy.deepcopy(dict(config.algo_kwargs))  # SB3 keeps (and may change) what it is given
     torch.set_num_threads(run_cfg.torch_threads)
+    # numpy's BLAS too (RRD's reward model, relabelling): its default, a thread per core, contends with torch's and
+    # the other workers' threads; benchmarks/sac_speed_levers.py measured SAC+RRD at 7 steps/s with it, 53-69 without
+    threadpool_limits(run_cfg.torch_threads)
     rule = None
     if tensorboard_log is not None and not run_cfg.slot.empty:
         probe = make_env(spec.env, run_cfg.env_kwargs)

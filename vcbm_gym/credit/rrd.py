@@ -104,7 +104,7 @@ class RewardModel(nn.Module):
     """r_theta: per-step features (..., F) -> per-step rewards (...), an MLP with ReLU hidden layers."""
 
     def __init__(
-        self, n_features: int, hidden_sizes: tuple[int, ...] = RRDConfig.hidden_sizes, seed: int = 0, dtype: str = "float64"
+        self, n_features: int, hidden_sizes: tuple[int, ...] = RRDConfig.hidden_sizes, seed: int = 0, dtype: str = RRDConfig.dtype
     ) -> None:
         super().__init__()
         widths = [int(n_features), *hidden_sizes]
