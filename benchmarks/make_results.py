@@ -16,6 +16,7 @@ Sections (each from its own directory; a missing one is listed as not yet produc
 - llm_old_logps.md  benchmarks/llm_old_logps.py's own report (--markdown), seconds per iteration with and without
                    TRL's old-policy pass
 - credit_fidelity/ `algorithms.credit_fidelity` fidelity.json (+ training.json) + run.json: CASI fidelity
+- sac_speed_levers.md  benchmarks/sac_speed_levers.py's own report (--markdown), SAC variants' steps/s side by side
 - credit_reference_<env>.json  `algorithms.credit_reference`: each rule's fidelity to the replay-defined reference
                    (its table and run record inside the JSON)
 Each section states the command, the git commit and the wall time that its outputs record, and says "not recorded"
@@ -392,6 +393,11 @@ def render(results_dir: Path) -> str:
         ),
         episodic_mujoco_section(results_dir / "episodic_mujoco"),
         reward_fit_section(results_dir / "reward_fit"),
+        own_report_section(
+            "SAC speed levers (steps/s side by side in one run; the machine shared, load averages in the report)",
+            results_dir / "sac_speed_levers.md",
+            "python benchmarks/sac_speed_levers.py",
+        ),
         leakage_section(
             [
                 results_dir / "credit_leakage.json",
