@@ -364,8 +364,15 @@ def render(results_dir: Path) -> str:
             "bash benchmarks/bsuite_sweeps.sh",
         ),
         suite_section(
-            "bsuite short sweep on umbrella_length: PPO and DQN, alone and with rudder and ircr, and VCBM "
-            "(rrd and vcbm_bookmark not rerun yet with the current zoo entries)",
+            "bsuite short sweep on umbrella_length: PPO alone and with every reward rule (rudder, ircr, rrd, "
+            "vcbm_bookmark), and VCBM, with the current zoo entries",
+            results_dir / "bsuite_short_umbrella_length_ppo_rules",
+            "python -m algorithms.suite --short --experiment umbrella_length --seeds 3 --workers 2 --algos ppo vcbm "
+            "ppo+rudder ppo+ircr ppo+rrd ppo+vcbm_bookmark --hyperparams 'env_kwargs={integer_observations: true}' --out OUT",
+        ),
+        suite_section(
+            "bsuite short sweep on umbrella_length, before pilot round 6: PPO and DQN alone and with rudder and ircr, "
+            "and VCBM (DQN's one-step entry; its n-step entry and the DQN + rule rows are not rerun yet)",
             results_dir / "bsuite_short_umbrella_length",
             "bash benchmarks/bsuite_sweeps.sh",
         ),
