@@ -15,6 +15,13 @@ Elite episodes (IRCR's heap): when the rule asks for them (`RewardRule.replay_el
 of the highest return ever seen are kept beside the FIFO, and the rule's fraction of every batch is drawn from
 their transitions (IRCR: 10 episodes, half of each batch).
 
+n-step returns (the algorithm's `n_steps` > 1, handed over by the runner with `gamma` as SB3 hands them to its
+own NStepReplayBuffer): a sampled transition's reward is the discounted sum of the rule's current rewards of it and
+the next n - 1 transitions, cut at the first episode end (terminal or truncated) inclusive, with the next observation
+and done of the last one summed and `discounts` = gamma^(steps summed) for the bootstrap (SB3's NStepReplayBuffer
+semantics; n-step return: Sutton & Barto, Reinforcement Learning: An Introduction, Sec. 7.1). An elite sample sums
+within its stored elite episode. n_steps = 1 samples one relabelled transition, `discounts` None.
+
 Fit to the dense reward: where the env reports the reward it withheld (`info["withheld_reward"]`, as
 `envs.delayed_reward.DelayedReward` does), every finished episode adds one point to `reward_fit`: the Pearson
 correlation between the rule's rewards and the withheld ones, pooled over the last `FIT_WINDOW` episodes. The
@@ -63,10 +70,19 @@ class StoredEpisode(NamedTuple):
 class RelabelingReplayBuffer(ReplayBuffer):
     """ReplayBuffer whose episodes enter at their end and whose sampled rewards are the rule's current ones."""
 
-    def __init__(self, *args: Any, rule: RewardRule, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, rule: RewardRule, n_steps: int = 1, gamma: float = 0.99, **kwargs: Any) -> None:
+        if isinstance(n_steps, bool) or not isinstance(n_steps, (int, np.integer)) or n_steps < 1:
+            raise ValueError(f"n_steps={n_steps!r}: RelabelingReplayBuffer expects an integer >= 1")
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"gamma={gamma!r}: RelabelingReplayBuffer expects a discount in [0, 1]")
         super().__init__(*args, **kwargs)
         if self.n_envs != 1:
             raise ValueError(f"n_envs={self.n_envs}: RelabelingReplayBuffer expects a single environment")
+        if n_steps > 1 and self.optimize_memory_usage:
+            raise ValueError(
+                f"n_steps={n_steps} with optimize_memory_usage=True: expected one of them (as SB3's NStepReplayBuffer)"
+            )
+        self.n_steps, self.gamma = int(n_steps), float(gamma)
         elite_episodes, elite_fraction = rule.replay_elites()
         if not 0.0 <= elite_fraction < 1.0 or (elite_fraction > 0) != (elite_episodes > 0):
             raise ValueError(
@@ -150,22 +166,57 @@ class RelabelingReplayBuffer(ReplayBuffer):
         current = self.rule.transition_rewards(observations, actions, next_observations, episode_returns)
         return np.asarray(stored, dtype=np.float64).reshape(-1) if current is None else np.asarray(current, dtype=np.float64)
 
-    def _get_samples(self, batch_inds: np.ndarray, env=None) -> ReplayBufferSamples:
-        samples = super()._get_samples(batch_inds, env)
-        obs = self.observations[batch_inds, 0]
+    def _relabel_rows(self, rows: np.ndarray) -> np.ndarray:
+        """(N,) the rule's current rewards of the stored transitions at buffer rows `rows`."""
         next_obs = (
-            self.next_observations[batch_inds, 0]
+            self.next_observations[rows, 0]
             if not self.optimize_memory_usage
-            else (self.observations[(batch_inds + 1) % self.buffer_size, 0])
+            else (self.observations[(rows + 1) % self.buffer_size, 0])
         )
-        rewards = self.relabel(
-            obs,
-            self._rule_actions(self.actions[batch_inds, 0]),
+        return self.relabel(
+            self.observations[rows, 0],
+            self._rule_actions(self.actions[rows, 0]),
             next_obs,
-            self.episode_returns[batch_inds],
-            self.rewards[batch_inds, 0],
+            self.episode_returns[rows],
+            self.rewards[rows, 0],
         )
+
+    def _get_samples(self, batch_inds: np.ndarray, env=None) -> ReplayBufferSamples:
+        samples = super()._get_samples(batch_inds, env)  # observations, actions (and the env index SB3 draws)
+        if self.n_steps > 1:
+            return self._n_step_samples(samples, batch_inds, env)
+        rewards = self._relabel_rows(batch_inds)
         return samples._replace(rewards=self.to_torch(rewards.reshape(-1, 1).astype(np.float32)))
+
+    def _n_step_samples(self, samples: ReplayBufferSamples, batch_inds: np.ndarray, env) -> ReplayBufferSamples:
+        """n-step targets as SB3's NStepReplayBuffer builds them (Sutton & Barto, Reinforcement Learning: An
+        Introduction, Sec. 7.1, the n-step return), from the rule's current rewards: the discounted sum of the
+        relabelled rewards of transitions i .. i + k - 1, k the n steps or up to the first episode end
+        (terminal or truncated) inclusive; next observation and done of transition i + k - 1; discount gamma^k.
+        Episodes enter whole, so every run of rows from i meets its episode's end before the write position
+        (row pos - 1 ends an episode), also across the wrap-around of a full buffer."""
+        steps = (batch_inds[:, None] + np.arange(self.n_steps)[None]) % self.buffer_size  # (B, n) buffer rows
+        ends = np.logical_or(self.dones[steps, 0], self.timeouts[steps, 0])
+        last = np.where(ends.any(axis=1), ends.argmax(axis=1), self.n_steps - 1)  # offset of each return's last step
+        mask = np.arange(self.n_steps)[None] <= last[:, None]
+        rewards = np.zeros(mask.shape, dtype=np.float64)
+        rewards[mask] = self._relabel_rows(steps[mask])  # only the summed transitions meet the rule
+        returns, discounts = self._discounted_sums(self._normalize_reward(rewards, env), mask)
+        last_rows = steps[np.arange(len(batch_inds)), last]
+        dones = self.dones[last_rows, 0] * (1 - self.timeouts[last_rows, 0])
+        return samples._replace(
+            next_observations=self.to_torch(self._normalize_obs(self.next_observations[last_rows, 0], env)),
+            dones=self.to_torch(dones.reshape(-1, 1).astype(np.float32)),
+            rewards=self.to_torch(returns),
+            discounts=self.to_torch(discounts),
+        )
+
+    def _discounted_sums(self, rewards: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(B, 1) sum_j gamma^j r_j over each row's masked steps, and (B, 1) gamma^k, k its number of steps."""
+        powers = self.gamma ** np.arange(rewards.shape[1], dtype=np.float64)[None]
+        returns = (rewards * powers * mask).sum(axis=1, keepdims=True)
+        discounts = self.gamma ** mask.sum(axis=1, keepdims=True).astype(np.float64)
+        return returns.astype(np.float32), discounts.astype(np.float32)
 
     def _rule_actions(self, actions: np.ndarray) -> np.ndarray:
         """Stored actions as the rule saw them (a Discrete action as a scalar, not SB3's (1,) row)."""
@@ -180,24 +231,40 @@ class RelabelingReplayBuffer(ReplayBuffer):
         return ReplayBufferSamples(*(a if a is None else th.cat([a, b]) for a, b in zip(fifo, elite)))
 
     def _elite_samples(self, n: int) -> ReplayBufferSamples:
-        """n transitions drawn uniformly from the elite episodes' transitions, relabelled like the FIFO's."""
+        """n transitions drawn uniformly from the elite episodes' transitions, relabelled like the FIFO's; with
+        n_steps > 1 their n-step returns within the stored elite episode (which ends its own runs)."""
         episodes = [item[2] for item in self.elites]
         lengths = np.array([len(e.rewards) for e in episodes])
         flat = np.random.randint(0, int(lengths.sum()), size=n)
         which = np.searchsorted(np.cumsum(lengths), flat, side="right")
         step = flat - np.concatenate([[0], np.cumsum(lengths)[:-1]])[which]
+        mask = step[:, None] + np.arange(self.n_steps)[None] < lengths[which][:, None]  # (n, n_steps): steps summed
+        last = step + mask.sum(axis=1) - 1
+        summed_e, summed_t = np.broadcast_to(which[:, None], mask.shape)[mask], (step[:, None] + np.arange(self.n_steps))[mask]
 
-        def gather(field: str) -> np.ndarray:
-            return np.stack([getattr(episodes[e], field)[t] for e, t in zip(which, step)])
+        def gather(field: str, es: np.ndarray, ts: np.ndarray) -> np.ndarray:
+            return np.stack([getattr(episodes[e], field)[t] for e, t in zip(es, ts)])
 
-        obs, next_obs, actions = gather("observations"), gather("next_observations"), gather("actions")
-        returns = np.array([episodes[e].episode_return for e in which])
-        rewards = self.relabel(obs, actions, next_obs, returns, gather("rewards"))
-        sb3_actions = actions.reshape(n, self.action_dim).astype(self.actions.dtype)
+        per_step = self.relabel(
+            gather("observations", summed_e, summed_t),
+            gather("actions", summed_e, summed_t),
+            gather("next_observations", summed_e, summed_t),
+            np.array([episodes[e].episode_return for e in summed_e]),
+            gather("rewards", summed_e, summed_t),
+        )
+        if self.n_steps == 1:
+            returns, discounts = self._normalize_reward(per_step.reshape(-1, 1).astype(np.float32)), None
+        else:
+            rewards = np.zeros(mask.shape, dtype=np.float64)
+            rewards[mask] = per_step
+            returns, discounts = self._discounted_sums(self._normalize_reward(rewards), mask)
+        obs, actions = gather("observations", which, step), gather("actions", which, step)
+        next_obs = gather("next_observations", which, last)
         return ReplayBufferSamples(
             observations=self.to_torch(self._normalize_obs(obs.astype(self.observations.dtype))),
-            actions=self.to_torch(sb3_actions),
+            actions=self.to_torch(actions.reshape(n, self.action_dim).astype(self.actions.dtype)),
             next_observations=self.to_torch(self._normalize_obs(next_obs.astype(self.observations.dtype))),
-            dones=self.to_torch(gather("dones").reshape(-1, 1)),
-            rewards=self.to_torch(self._normalize_reward(rewards.reshape(-1, 1).astype(np.float32))),
+            dones=self.to_torch(gather("dones", which, last).reshape(-1, 1)),
+            rewards=self.to_torch(returns),
+            discounts=None if discounts is None else self.to_torch(discounts),
         )

@@ -364,7 +364,11 @@ def build(spec: RunSpec, tensorboard_log: str | None) -> Built:
             probe.close()
     callbacks = []
     if rule is not None and config.off_policy:
-        kwargs.update(replay_buffer_class=RelabelingReplayBuffer, replay_buffer_kwargs={"rule": rule})
+        # The buffer computes the n-step returns from the relabelled rewards (as SB3 sets up its NStepReplayBuffer);
+        # the algorithm's own n_steps, which SB3 reads only to pick its buffer and ignores (warning) beside a custom
+        # one, becomes 1. config.yml records the configured n_steps (SB3Config.hyperparams).
+        relabel_kwargs = {"rule": rule, "n_steps": kwargs["n_steps"], "gamma": kwargs["gamma"]}
+        kwargs.update(replay_buffer_class=RelabelingReplayBuffer, replay_buffer_kwargs=relabel_kwargs, n_steps=1)
         callbacks.append(RewardFitCallback())
     elif rule is not None:
         callbacks.append(CreditCallback(rule, run_cfg.credit_group_by))
