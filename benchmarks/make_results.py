@@ -394,7 +394,8 @@ def render(results_dir: Path) -> str:
             "bash benchmarks/bsuite_sweeps.sh",
         ),
         suite_section(
-            "bsuite short sweep on discounting_chain (the last published run predates the credit slot, as above)",
+            "bsuite short sweep on discounting_chain: PPO and DQN alone and with rudder, ircr and rrd (the ppo + rule rows "
+            "equal plain ppo: PPO's 32-step rollouts never hold a whole 100-step episode, so the rules never act)",
             results_dir / "bsuite_short_discounting_chain",
             "bash benchmarks/bsuite_sweeps.sh",
         ),
