@@ -848,7 +848,7 @@ def run_env(
         per_episode = [score for seed in seeds for score in seed["rules"][name]["scores"]]
         rules[name] = {
             "summary": summarise(per_episode, tasks),
-            "per_episode": per_episode,
+            "per_episode": columns(per_episode),
             "seconds_per_seed": float(np.mean([seed["rules"][name]["seconds"] for seed in seeds])),
         }
         if fit.kind == SLOTS:
@@ -898,7 +898,7 @@ def run_env(
     result["run"] = provenance.run_record(PROG, argv, started)
     out = Path(args.out.replace("{env}", env_slug(env_id)))
     cli.output_dir(out.parent, "--out's folder")
-    cli.atomic_write_json(out, _plain(result))
+    cli.atomic_write_json(out, _plain(result), indent=None)  # one line: per-episode numbers would be 3 MB indented
     cli.atomic_write_text(out.with_suffix(".md"), result["table"] + "\n")
     print(result["table"])
     return result
@@ -912,6 +912,11 @@ def reference_record(episode: ReplayedEpisode, kind: str) -> dict[str, Any]:
     if kind == SLOTS:
         del record["credit_se"], record["decision_step"]
     return record
+
+
+def columns(rows: list[dict[str, float]]) -> dict[str, list[float]]:
+    """Per-episode score rows as one list per metric (in the rows' order): the JSON names each metric once."""
+    return {metric: [row.get(metric) for row in rows] for metric in dict.fromkeys(key for row in rows for key in row)}
 
 
 def _plain(value: Any) -> Any:

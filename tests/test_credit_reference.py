@@ -173,3 +173,8 @@ def test_env_kwargs_reach_gym_make_and_the_recorded_settings(tmp_path, capsys):
     result = json.loads((tmp_path / "r_umbrella_length_0.json").read_text())
     assert result["settings"]["env_kwargs"] == {"integer_observations": True}
     assert "refused" not in result["rules"]["vcbm_bookmark"]
+
+
+def test_per_episode_scores_are_stored_one_list_per_metric():
+    rows = [{"sign_all": 1.0, "cosine": 0.5}, {"sign_all": 0.0, "leakage": 0.25}]
+    assert cr.columns(rows) == {"sign_all": [1.0, 0.0], "cosine": [0.5, None], "leakage": [None, 0.25]}
