@@ -154,11 +154,14 @@ def _new_file_beside(path: Path) -> tuple[int, Path]:
             continue
 
 
-def atomic_write_json(path: str | Path, data: Any, indent: int | None = 2) -> None:
+JSON_INDENT = 2  # the outputs' default layout: readable and diffable
+
+
+def atomic_write_json(path: str | Path, data: Any, indent: int | None = JSON_INDENT) -> None:
     atomic_write_text(path, json_text(data, indent))
 
 
-def json_text(data: Any, indent: int | None = 2) -> str:
+def json_text(data: Any, indent: int | None = JSON_INDENT) -> str:
     """`data` as strict JSON (see the module docstring for non-finite numbers); objects JSON has no type for
     are written as their str(). `indent=None`: one line, for outputs of many numbers."""
     return json.dumps(_strict(data)[0], indent=indent, default=str, allow_nan=False)
