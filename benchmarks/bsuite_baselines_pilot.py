@@ -88,20 +88,15 @@ from algorithms.train import resolve_spec  # noqa: E402
 
 # round -> umbrella_length indices (1, 4, 7: chain lengths 2, 5, 8; 3: chain 4; the short protocol scores 0, 2, 5, 9 on seeds 0-2,
 # the chains 1-4 check 0-3 on seeds 0-2) and seeds
-SETTINGS = {1: (1, 4, 7), 2: (1, 4, 7), 3: (1, 4), 4: (1, 4), 5: (1, 4), 6: (3, 4)}
+# (round 7: discounting_chain settings 2-4; the short protocol scores settings 0 and 1)
+SETTINGS = {1: (1, 4, 7), 2: (1, 4, 7), 3: (1, 4), 4: (1, 4), 5: (1, 4), 6: (3, 4), 7: (2, 3, 4)}
 SEEDS = {
     1: range(100, 102), 2: range(100, 102), 3: range(100, 103), 4: range(100, 103), 5: range(100, 103),
-    6: range(100, 106),
+    6: range(100, 106), 7: range(100, 103),
 }  # fmt: skip
-EPISODES = 1_000
-WINDOWS = {
-    1: 200,
-    2: EPISODES,
-    3: EPISODES,
-    4: EPISODES,
-    5: EPISODES,
-    6: EPISODES,
-}  # round -> the episodes the measured rate covers
+EXPERIMENTS = {7: "discounting_chain"}  # round -> bsuite experiment (umbrella_length where not named)
+EPISODES = {7: 200}  # round -> episodes per run (the short protocol's budget): 1,000 where not named
+WINDOWS = {1: 200}  # round -> the episodes the measured rate covers: the whole run where not named
 ROUND_1: dict[str, dict[str, dict[str, Any]]] = {
     "ppo": {
         "n32-lr1e-3": {"n_steps": 32, "batch_size": 32, "n_epochs": 4, "learning_rate": 1e-3, "ent_coef": 0.01},
@@ -225,7 +220,16 @@ ROUND_6: dict[str, dict[str, dict[str, Any]]] = {
         "ls32-tu50-e0.02-lr3e-3-gs4-b64-a64-ns10": {**DQN_R3, "n_steps": 10, "gradient_steps": 4},
     },
 }  # fmt: skip
-ROUNDS = {1: ROUND_1, 2: ROUND_2, 3: ROUND_3, 4: ROUND_4, 5: ROUND_5, 6: ROUND_6}
+PPO_DC = {**PPO_B8, "n_steps": 100, "batch_size": 10}
+ROUND_7: dict[str, dict[str, dict[str, Any]]] = {
+    "ppo": {
+        "n100-b10-e10-lr1e-3-l1": PPO_DC,  # the umbrella entry's steps per sample, rollouts of one whole episode
+        "n100-b25-e10-lr1e-3-l1": {**PPO_DC, "batch_size": 25},
+        "n200-b25-e10-lr1e-3-l1": {**PPO_DC, "n_steps": 200, "batch_size": 25},
+        "n100-b10-e10-lr3e-4-l1": {**PPO_DC, "learning_rate": 3e-4},
+    },
+}  # fmt: skip
+ROUNDS = {1: ROUND_1, 2: ROUND_2, 3: ROUND_3, 4: ROUND_4, 5: ROUND_5, 6: ROUND_6, 7: ROUND_7}
 VIEW = {"env_kwargs": {"integer_observations": True}}  # the view every algo of the sweeps sees
 
 
@@ -237,23 +241,26 @@ def run(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     out = cli.check_output_dir(args.out, "--out") / f"round{args.round}"
     candidates_of = ROUNDS[args.round]
-    common = {"stop_at_convergence": False, "convergence_window": WINDOWS[args.round], "max_episodes": EPISODES}
+    experiment = EXPERIMENTS.get(args.round, "umbrella_length")
+    episodes = EPISODES.get(args.round, 1_000)
+    window = WINDOWS.get(args.round, episodes)
+    common = {"stop_at_convergence": False, "convergence_window": window, "max_episodes": episodes}
     started = provenance.start()
     jobs, cells = [], {}
     indices, seeds = SETTINGS[args.round], SEEDS[args.round]
     for algo, candidates in candidates_of.items():
         for name, settings in candidates.items():
             for index in indices:
-                env = f"bsuite:umbrella_length/{index}"
+                env = f"bsuite:{experiment}/{index}"
                 spec = resolve_spec(algo, env, seeds[0], {**common, **VIEW, **settings})
-                where = out / algo / name / f"umbrella_length-{index}"
+                where = out / algo / name / f"{experiment}-{index}"
                 cell = seed_jobs(f"{algo} {name}", spec, seeds, lambda s, w=where: w / f"seed{s}")
                 cells[(algo, name, index)] = cell
                 jobs += cell
     summaries = train_jobs(jobs, args.workers, progress=False)
     report: dict[str, Any] = {
-        "round": args.round, "settings": list(indices), "seeds": list(seeds), "episodes": EPISODES,
-        "rate_over_last_episodes": WINDOWS[args.round], "candidates": {},
+        "round": args.round, "experiment": experiment, "settings": list(indices), "seeds": list(seeds),
+        "episodes": episodes, "rate_over_last_episodes": window, "candidates": {},
     }  # fmt: skip
     for algo, candidates in candidates_of.items():
         for name, settings in candidates.items():
@@ -263,7 +270,7 @@ def run(argv: list[str]) -> None:
             means = [sum(v) / len(v) for v in per_setting.values()]
             report["candidates"][f"{algo} {name}"] = {
                 "settings": settings,
-                "final_correct_rate": {f"umbrella_length/{i}": v for i, v in per_setting.items()},
+                "final_correct_rate": {f"{experiment}/{i}": v for i, v in per_setting.items()},
                 "mean": sum(means) / len(means),
                 "worst_setting_mean": min(means),
             }
