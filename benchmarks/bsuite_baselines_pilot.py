@@ -89,10 +89,10 @@ from algorithms.train import resolve_spec  # noqa: E402
 # round -> umbrella_length indices (1, 4, 7: chain lengths 2, 5, 8; 3: chain 4; the short protocol scores 0, 2, 5, 9 on seeds 0-2,
 # the chains 1-4 check 0-3 on seeds 0-2) and seeds
 # (round 7: discounting_chain settings 2-4; the short protocol scores settings 0 and 1)
-SETTINGS = {1: (1, 4, 7), 2: (1, 4, 7), 3: (1, 4), 4: (1, 4), 5: (1, 4), 6: (3, 4), 7: (2, 3, 4)}
+SETTINGS = {1: (1, 4, 7), 2: (1, 4, 7), 3: (1, 4), 4: (1, 4), 5: (1, 4), 6: (3, 4), 7: (2, 3, 4), 8: (3, 4)}
 SEEDS = {
     1: range(100, 102), 2: range(100, 102), 3: range(100, 103), 4: range(100, 103), 5: range(100, 103),
-    6: range(100, 106), 7: range(100, 103),
+    6: range(100, 106), 7: range(100, 103), 8: range(100, 106),
 }  # fmt: skip
 EXPERIMENTS = {7: "discounting_chain"}  # round -> bsuite experiment (umbrella_length where not named)
 EPISODES = {7: 200}  # round -> episodes per run (the short protocol's budget): 1,000 where not named
@@ -229,7 +229,17 @@ ROUND_7: dict[str, dict[str, dict[str, Any]]] = {
         "n100-b10-e10-lr3e-4-l1": {**PPO_DC, "learning_rate": 3e-4},
     },
 }  # fmt: skip
-ROUNDS = {1: ROUND_1, 2: ROUND_2, 3: ROUND_3, 4: ROUND_4, 5: ROUND_5, 6: ROUND_6, 7: ROUND_7}
+# Round 8 (PPO on umbrella_length, round 6's settings and seeds): the zoo entry is round 6's reference, whose runs are
+# not repeated (`REFERENCE`: same settings, seeds and deterministic code, read from the round-6 JSON)
+ROUND_8: dict[str, dict[str, dict[str, Any]]] = {
+    "ppo": {
+        "n32-b8-e10-lr1e-3-l1-mgn100": {**PPO_B8, "max_grad_norm": 100.0},
+        "n32-b8-e5-lr1e-3-l1-mgn100": {**PPO_B8, "n_epochs": 5, "max_grad_norm": 100.0},
+        "n32-b8-e10-lr5e-4-l1-mgn100": {**PPO_B8, "learning_rate": 5e-4, "max_grad_norm": 100.0},
+    },
+}  # fmt: skip
+REFERENCE = {8: (6, "ppo n32-b8-e10-lr1e-3-l1")}  # round -> (the round whose JSON holds it, candidate key)
+ROUNDS = {1: ROUND_1, 2: ROUND_2, 3: ROUND_3, 4: ROUND_4, 5: ROUND_5, 6: ROUND_6, 7: ROUND_7, 8: ROUND_8}
 VIEW = {"env_kwargs": {"integer_observations": True}}  # the view every algo of the sweeps sees
 
 
@@ -275,6 +285,11 @@ def run(argv: list[str]) -> None:
                 "worst_setting_mean": min(means),
             }
             print(f"{algo:4s} {name:34s} mean {sum(means) / len(means):.3f}  worst {min(means):.3f}")
+    if args.round in REFERENCE:
+        source, key = REFERENCE[args.round]
+        earlier = json.loads((REPO / f"benchmarks/results/bsuite_baselines_pilot_round{source}.json").read_text())
+        report["candidates"][key] = {**earlier["candidates"][key], "from_round": source}
+        candidates_of = {**candidates_of, key.split()[0]: {key.split()[1]: {}, **candidates_of[key.split()[0]]}}
     if args.round >= 3:  # the best worst-setting mean per algo, ties to the best mean
         report["choice_rule"] = "per algo, the best worst_setting_mean, ties to the best mean"
         report["chosen"] = {
