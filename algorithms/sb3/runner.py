@@ -243,6 +243,12 @@ def sb3_config(algo: str, env_id: str, mapping: Mapping[str, Any]) -> SB3Config:
             f"{algo} with --credit needs n_envs=1 and learning_starts >= one episode ({steps} steps); "
             f"got n_envs={run_cfg.n_envs}, learning_starts={kwargs['learning_starts']}"
         )
+    if not run_cfg.slot.empty and not off_policy and kwargs["n_steps"] < steps:
+        # CreditCallback rewrites only the episodes that lie whole inside one rollout: a full-length one never would
+        raise ConfigError(
+            f"{algo} with --credit needs n_steps >= one episode ({steps} steps) so that whole episodes reach the "
+            f"credit rule; got n_steps={kwargs['n_steps']}"
+        )
     return SB3Config(algo_cls, run_cfg, kwargs, steps)
 
 
