@@ -70,6 +70,23 @@ gradient steps 0.808 / 0.736): its zoo entry gains `n_steps: 10`. The chains 1-4
 (seeds 0-2, benchmarks/results/bsuite_umbrella_length_chains_1_to_4_sb3_baselines, no run reused) gave regret
 0.05/0.15/0.22/0.38 (dqn, below 0.5 on every chain; 0.05/0.28/0.42/0.51 before) and, with ppo's entry unchanged,
 the same 0.22/0.30/0.44/0.64 (ppo) as before: chain 4 still fails for ppo.
+
+Round 7 (PPO on discounting_chain): the shared bsuite entry's 32-step rollouts never hold a whole 100-step
+discounting_chain episode, so under a credit rule no episode reached the rule (such runs are now refused). Round 7
+picks a discounting_chain entry whose rollouts hold whole episodes, on settings 2-4 (the short protocol scores 0 and
+1) with seeds 100-102, at the short protocol's 200 episodes, by the rule of rounds 3-6 on the rate of optimal first
+actions over the whole run: 100-step rollouts in minibatches of 10 (the umbrella entry's steps per sample) or 25,
+200-step rollouts in minibatches of 25, and the first with a learning rate of 3e-4. Budget, from the
+discounting_chain sweep's 47 s a run: 4 candidates x 3 settings x 3 seeds = 36 runs, ~15 minutes on 2 workers.
+Outcome (bsuite_baselines_pilot_round7.json, 11 minutes): n200-b25 0.698 (worst setting 0.617), n100-b10 0.356,
+n100-b25 0.247, n100-b10 at lr 3e-4 0.412; zoo_configs/ppo.yml's discounting_chain entry takes n200-b25.
+
+Round 8 (PPO on umbrella_length, round 6's chains 4-5 and seeds 100-105): SB3 clips the joint norm of the policy's
+and the critic's gradients at 0.5; early on the critic's error dominates that norm, most where the return (and so
+the advantage) is far from V, so the clip shrinks the policy's steps on the most informative minibatches. Round 8
+lifts the clip (max_grad_norm 100), alone, with 5 epochs, and with a learning rate of 5e-4, against round 6's
+reference runs (same settings, seeds and deterministic code; read from round 6's JSON, not rerun). Budget, from
+round 6's timings: 3 candidates x 2 settings x 6 seeds = 36 runs, ~16 minutes on 2 workers.
 """
 
 from __future__ import annotations
