@@ -78,7 +78,7 @@ picks a discounting_chain entry whose rollouts hold whole episodes, on settings 
 actions over the whole run: 100-step rollouts in minibatches of 10 (the umbrella entry's steps per sample) or 25,
 200-step rollouts in minibatches of 25, and the first with a learning rate of 3e-4. Budget, from the
 discounting_chain sweep's 47 s a run: 4 candidates x 3 settings x 3 seeds = 36 runs, ~15 minutes on 2 workers.
-Outcome (bsuite_baselines_pilot_round7.json, 11 minutes): n200-b25 0.698 (worst setting 0.617), n100-b10 0.356,
+Outcome (bsuite_baselines_pilot_round7.json, 12 minutes): n200-b25 0.698 (worst setting 0.617), n100-b10 0.356,
 n100-b25 0.247, n100-b10 at lr 3e-4 0.412; zoo_configs/ppo.yml's discounting_chain entry takes n200-b25.
 
 Round 8 (PPO on umbrella_length, round 6's chains 4-5 and seeds 100-105): SB3 clips the joint norm of the policy's
