@@ -87,6 +87,9 @@ the advantage) is far from V, so the clip shrinks the policy's steps on the most
 lifts the clip (max_grad_norm 100), alone, with 5 epochs, and with a learning rate of 5e-4, against round 6's
 reference runs (same settings, seeds and deterministic code; read from round 6's JSON, not rerun). Budget, from
 round 6's timings: 3 candidates x 2 settings x 6 seeds = 36 runs, ~16 minutes on 2 workers.
+Outcome (bsuite_baselines_pilot_round8.json, 4 minutes on idle cores): rates at chains 4 / 5, mean over seeds
+100-105: max_grad_norm 100 0.764 / 0.667 (mean 0.715), with 5 epochs 0.780 / 0.646, with lr 5e-4 0.758 / 0.626,
+round 6's reference 0.705 / 0.623: the umbrella entry takes max_grad_norm 100 (discounting_chain's entry keeps 0.5).
 """
 
 from __future__ import annotations
