@@ -90,6 +90,9 @@ round 6's timings: 3 candidates x 2 settings x 6 seeds = 36 runs, ~16 minutes on
 Outcome (bsuite_baselines_pilot_round8.json, 4 minutes on idle cores): rates at chains 4 / 5, mean over seeds
 100-105: max_grad_norm 100 0.764 / 0.667 (mean 0.715), with 5 epochs 0.780 / 0.646, with lr 5e-4 0.758 / 0.626,
 round 6's reference 0.705 / 0.623: the umbrella entry takes max_grad_norm 100 (discounting_chain's entry keeps 0.5).
+The chains 1-4 check with it (seeds 0-2, benchmarks/results/bsuite_umbrella_length_chains_1_to_4_sb3_baselines, no
+run reused) gave ppo regret 0.18/0.28/0.48/0.60 (0.22/0.30/0.44/0.64 before): better at chains 1, 2 and 4, chain 4
+still above 0.5; dqn reproduced 0.05/0.15/0.22/0.38 exactly.
 """
 
 from __future__ import annotations
