@@ -364,23 +364,10 @@ def render(results_dir: Path) -> str:
             "bash benchmarks/bsuite_sweeps.sh",
         ),
         suite_section(
-            "bsuite short sweep on umbrella_length: PPO alone and with every reward rule (rudder, ircr, rrd, "
-            "vcbm_bookmark), and VCBM, with the current zoo entries",
-            results_dir / "bsuite_short_umbrella_length_ppo_rules",
-            "python -m algorithms.suite --short --experiment umbrella_length --seeds 3 --workers 2 --algos ppo vcbm "
-            "ppo+rudder ppo+ircr ppo+rrd ppo+vcbm_bookmark --hyperparams 'env_kwargs={integer_observations: true}' --out OUT",
-        ),
-        suite_section(
-            "bsuite short sweep on umbrella_length, before pilot round 6: PPO and DQN alone and with rudder and ircr, "
-            "and VCBM (DQN's one-step entry; its n-step entry and the DQN + rule rows are not rerun yet)",
+            "bsuite short sweep on umbrella_length: PPO and DQN, each alone and with every reward rule (rudder, ircr, "
+            "rrd, vcbm_bookmark), and VCBM, with the current zoo entries (PPO's pilot round 8, DQN's n-step round 6)",
             results_dir / "bsuite_short_umbrella_length",
-            "bash benchmarks/bsuite_sweeps.sh",
-        ),
-        suite_section(
-            "bsuite short protocol: PPO and DQN with their bsuite zoo entries on umbrella_length",
-            results_dir / "bsuite_short_umbrella_length_sb3_baselines",
-            "python -m algorithms.suite --short --experiment umbrella_length --seeds 3 --algos ppo dqn "
-            '--hyperparams "env_kwargs={integer_observations: true}" --out OUT',
+            "bash benchmarks/bsuite_sweeps.sh OUT 2 umbrella_length",
         ),
         suite_section(
             "bsuite umbrella_length chains 1-4 (short budget): PPO and DQN with their bsuite zoo entries",
@@ -394,10 +381,10 @@ def render(results_dir: Path) -> str:
             "bash benchmarks/bsuite_sweeps.sh",
         ),
         suite_section(
-            "bsuite short sweep on discounting_chain: PPO and DQN alone and with rudder, ircr and rrd (the ppo + rule rows "
-            "equal plain ppo: PPO's 32-step rollouts never hold a whole 100-step episode, so the rules never act)",
+            "bsuite short sweep on discounting_chain: PPO and DQN alone and with rudder, ircr and rrd (PPO's entry from "
+            "pilot round 7: 200-step rollouts, so whole 100-step episodes reach the rules)",
             results_dir / "bsuite_short_discounting_chain",
-            "bash benchmarks/bsuite_sweeps.sh",
+            "bash benchmarks/bsuite_sweeps.sh OUT 2 discounting_chain",
         ),
         episodic_mujoco_section(results_dir / "episodic_mujoco"),
         reward_fit_section(results_dir / "reward_fit"),

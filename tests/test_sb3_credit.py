@@ -191,17 +191,17 @@ def test_train_cli_a2c_and_dqn_run_with_a_rule(tmp_path, algo):
 @pytest.mark.parametrize("algo", ["ppo", "a2c"])
 def test_on_policy_rollouts_shorter_than_an_episode_are_refused_with_a_rule(tmp_path, algo):
     """WatchRepair's episodes are 50 steps: a 49-step rollout never holds a whole one, so the rule would never act."""
-    log_dir = tmp_path / "run"
-    argv = ["--algo", algo, "--env", "WatchRepair-v0", "--max-episodes", "2", "--log-dir", str(log_dir), "--no-progress"]
-    short = ["--hyperparams", "n_steps=49", "batch_size=49", "n_envs=1"] if algo == "ppo" else ["--hyperparams", "n_steps=49", "n_envs=1"]
+
+    def run(name: str, n_steps: int, *credit: str) -> dict:
+        sizes = [f"n_steps={n_steps}", "n_envs=1"] + ([f"batch_size={n_steps}"] if algo == "ppo" else [])
+        log = ["--log-dir", str(tmp_path / name), "--no-progress"]
+        return train(["--algo", algo, "--max-episodes", "2", *log, *credit, "--hyperparams", *sizes])
+
     with pytest.raises(VcbmGymError, match=rf"{algo} with --credit needs n_steps >= one episode \(50 steps\).*got n_steps=49$"):
-        train([*argv, "--credit", "rudder", *short])
-    assert not log_dir.exists()  # refused before anything is written
-    assert train([*argv, *short])["episodes_run"] == 2  # without a rule the same rollout length is fine
-    whole = [arg.replace("49", "50") for arg in short]
-    assert train([*argv[:-3], "--log-dir", str(tmp_path / "whole"), "--no-progress", "--credit", "rudder", *whole])[
-        "episodes_run"
-    ] == 2
+        run("short", 49, "--credit", "rudder")
+    assert not (tmp_path / "short").exists()  # refused before anything is written
+    assert run("plain", 49)["episodes_run"] == 2  # without a rule the same rollout length is fine
+    assert run("whole", 50, "--credit", "rudder")["episodes_run"] == 2
 
 
 def test_unknown_credit_is_one_clear_error(tmp_path):

@@ -20,8 +20,8 @@ Steps of episodes cut by the rollout edge keep SB3's GAE advantage and TD(lambda
 rewards: an episode split across two rollouts cannot have its first half re-weighted after it was
 optimised. Choose `n_steps` a multiple of the episode length (as zoo_configs/ppo.yml does for WatchRepair's
 50 steps) and every episode is complete; an n_steps shorter than one episode is refused when the run is
-resolved (runner.sb3_config), since no full-length episode would ever reach the rule. The critic's V(s_0) of each episode is passed as
-extras["baseline"] (broadcast.py's "given"), SB3's GAE advantages as extras["advantages"]
+resolved (runner.sb3_config), since no full-length episode would ever reach the rule. The critic's V(s_0) of
+each episode is passed as extras["baseline"] (broadcast.py's "given"), SB3's GAE advantages as extras["advantages"]
 (vcbm_bookmark.py's advantage="given"). Group ids (LOO, GRPO): "none" puts all episodes of the rollout in
 one group; "initial_obs" groups episodes that start from the same observation (on WatchRepair: the brand).
 """
