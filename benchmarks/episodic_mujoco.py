@@ -44,6 +44,12 @@ numpy step (one per env step, the reference's ratio) and most of the rest in SAC
 already finished are reused by their config hash); on this machine run one env per sitting (`--envs
 EpisodicHopper-v5`, then `--envs EpisodicHalfCheetah-v5` into the same --out; each about 1.7 hours).
 
+RE-MEASURED after numpy's BLAS was limited to one thread (2026-12-04, `--envs EpisodicHopper-v5 --seeds 1`, the
+two cores otherwise idle): sac 292 s, sac+ircr 511 s, sac+rrd 439 s (836-1,611 s before), sac-dense 292 s, so
+1,534 s of one core per (env, seed) and 817 s of wall time on 2 workers. The four final returns equal the published
+seed 0's exactly. If HalfCheetah costs the same (not re-measured), the default's 10 (env, seed) groups take about
+2.1 hours on 2 cores, close to the budget above.
+
 Outputs in --out: results.json (per env and method: final true return per seed, mean / IQM / median with
 bootstrap 95% CIs, P(improvement) of each rule and of dense SAC over `sac` with its CI), table.md,
 curves_<env>.png (mean true return and its CI across seeds), run.json (command, commit, versions, wall time, budget).
