@@ -312,7 +312,8 @@ def run(argv: list[str]) -> None:
         source, key = REFERENCE[args.round]
         earlier = json.loads((REPO / f"benchmarks/results/bsuite_baselines_pilot_round{source}.json").read_text())
         report["candidates"][key] = {**earlier["candidates"][key], "from_round": source}
-        candidates_of = {**candidates_of, key.split()[0]: {key.split()[1]: {}, **candidates_of[key.split()[0]]}}
+        algo, name = key.split(" ", 1)
+        candidates_of = {**candidates_of, algo: {name: {}, **candidates_of[algo]}}  # first: ties keep the reference
     if args.round >= 3:  # the best worst-setting mean per algo, ties to the best mean
         report["choice_rule"] = "per algo, the best worst_setting_mean, ties to the best mean"
         report["chosen"] = {
