@@ -18,7 +18,9 @@ the episode lengths in it are printed. Variants:
 - `sac+rrd, BLAS 1 thread`: the same with OPENBLAS_NUM_THREADS=1;
 - `sac+rrd, float32` and `sac+rrd, float32, BLAS 1 thread`: RRDConfig(dtype="float32");
 - `sac+ircr`;
-- `sbx sac` and `sbx sac, 1 XLA thread`: SBX's SAC (SB3's JAX version) at the same settings, where installed.
+- `sbx sac` and `sbx sac, 1 XLA thread`: SBX's SAC (SB3's JAX version) at the same settings, where installed;
+- `sac, cuda` and `sac+rrd, cuda`: SAC's networks and replay sampling on the GPU (`device: cuda`; RRD's reward model
+  stays numpy on the CPU), where torch sees one.
 
 The papers' one gradient step per env step is kept: a lower update ratio would change the protocol.
 The machine's load average is recorded before and after (other jobs may share the cores).
@@ -58,6 +60,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any], dict[str, Any], dict[str, str]]] 
     "sac+ircr": ("sac+ircr", {}, {}, {}),
     "sbx sac": ("sbx", {}, {}, {}),
     "sbx sac, 1 XLA thread": ("sbx", {}, {}, ONE_XLA),
+    "sac, cuda": ("sac", {"device": "cuda"}, {}, {}),
+    "sac+rrd, cuda": ("sac+rrd", {"device": "cuda"}, {}, {}),
 }
 
 
@@ -119,7 +123,9 @@ def sbx_model(env_id: str, learning_starts: int):
 
 def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in BLAS_VARS}
-    env.update(VARIANTS[variant][3], PYTHONPATH=str(REPO))
+    # the repo first, then the caller's own path (packages installed outside site-packages stay visible)
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env.update(VARIANTS[variant][3], PYTHONPATH=path)
     window = [str(getattr(args, k)) for k in ("learning_starts", "settle", "steps")]
     command = [sys.executable, __file__, "--child", variant, "--env", args.env, *window]
     done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=REPO)
@@ -128,10 +134,18 @@ def run_variant(variant: str, args: argparse.Namespace) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def sbx_installed() -> bool:
+def available(variant: str) -> bool:
+    """SBX's variants where sbx and jax are installed, the CUDA ones where torch sees a GPU."""
     import importlib.util
 
-    return importlib.util.find_spec("sbx") is not None and importlib.util.find_spec("jax") is not None
+    method, overrides, _, _ = VARIANTS[variant]
+    if method == "sbx":
+        return importlib.util.find_spec("sbx") is not None and importlib.util.find_spec("jax") is not None
+    if overrides.get("device") == "cuda":
+        import torch
+
+        return torch.cuda.is_available()
+    return True
 
 
 def report(rows: list[dict[str, Any]], variants: list[str]) -> list[str]:
@@ -161,7 +175,7 @@ def run(argv: list[str]) -> None:
     for name, lo in (("learning_starts", 1000), ("settle", 1), ("steps", 1), ("repeats", 1)):
         cli.check_int(getattr(args, name), f"--{name.replace('_', '-')}", lo)
     provenance.check_report_files(args.json, args.markdown)
-    variants = [v for v in args.variants if VARIANTS[v][0] != "sbx" or sbx_installed()]
+    variants = [v for v in args.variants if available(v)]
     if "sac" not in variants:
         parser.error("--variants: expected 'sac' among them (the baseline of the ratios)")
     record = {
