@@ -105,6 +105,10 @@ linear function of the observation (take the umbrella iff the need bit is set), 
 with unnormalised advantages. The reference is round 8's choice, read from round 8's JSON (same settings, seeds and
 deterministic code). Rule of rounds 3-8. Budget, from round 8's timings: 4 candidates x 2 settings x 6 seeds = 48
 runs, ~6 minutes on 2 idle workers.
+Outcome (bsuite_baselines_pilot_round9.json, 7.4 minutes): rates at chains 4 / 5, mean over seeds 100-105:
+unnormalised 0.763 / 0.643, minibatches of 16 0.788 / 0.642, the linear policy 0.658 / 0.592 and unnormalised 0.683 /
+0.634, against the reference's 0.764 / 0.667. None has a better worst setting: the entry stays round 8's, and the
+chains 1-4 check is not rerun (its runs would be the same).
 """
 
 from __future__ import annotations

@@ -33,7 +33,10 @@ BLAS to its torch_threads, with threadpoolctl; the published runs predate this),
 option as well 1.2x (77-83 steps/s, 1.2-1.5x float64's at one BLAS thread); sac+ircr 0.9x; SBX's SAC (SB3's JAX
 version, not wired into the SB3 arm) 2.1-2.2x, with or without one XLA thread. The relabelling buffer needs one
 env per run (no vectorised collection), and a lower update ratio would change the papers' protocol (one gradient
-step per env step), so neither was measured.
+step per env step), so neither was measured. On a lent machine with one H200 GPU and 16 slower CPU cores (2026-12-04,
+benchmarks/results/sac_speed_levers_cuda.md, steps 2,500-4,500, 7 of 8 planned runs), SAC's networks on the GPU
+(`device: cuda`) made 1.36x its CPU runs there (69-79 against 55 steps/s) and sac+rrd 1.09x (43-46 against 38-45):
+RRD's numpy reward model stays on the CPU. This machine has no GPU, so the published runs use the CPU.
 
 MEASURED AFTERWARDS (the first run of the default, 2026-12-03, EpisodicHopper-v5, two runs side by side on two
 cores): the budget above does not hold. Wall time per run: sac 255-338 s, sac+ircr 478-593 s, sac+rrd 836-1,611 s,

@@ -17,6 +17,7 @@ Sections (each from its own directory; a missing one is listed as not yet produc
                    TRL's old-policy pass
 - credit_fidelity/ `algorithms.credit_fidelity` fidelity.json (+ training.json) + run.json: CASI fidelity
 - sac_speed_levers.md  benchmarks/sac_speed_levers.py's own report (--markdown), SAC variants' steps/s side by side
+- sac_speed_levers_cuda.md  the same report of its CPU and CUDA variants, measured on a machine with a GPU
 - credit_reference_<env>.json  `algorithms.credit_reference`: each rule's fidelity to the replay-defined reference
                    (its table and run record inside the JSON)
 Each section states the command, the git commit and the wall time that its outputs record, and says "not recorded"
@@ -392,6 +393,14 @@ def render(results_dir: Path) -> str:
             "SAC speed levers (steps/s side by side in one run; the machine shared, load averages in the report)",
             results_dir / "sac_speed_levers.md",
             "python benchmarks/sac_speed_levers.py",
+        ),
+        own_report_section(
+            "SAC on the GPU: the same benchmark on a lent machine with one H200 and 16 CPU cores (slower per core than "
+            "this project's machine), cpu against cuda side by side; the code was that of commit 3d8dac8 (the copy's "
+            "git record named an earlier commit, 7d3fa7c, with uncommitted changes); stopped by its time limit after 7 "
+            "of 8 runs, before the plain sac's second repeat",
+            results_dir / "sac_speed_levers_cuda.md",
+            "python benchmarks/sac_speed_levers.py --variants sac 'sac, cuda' sac+rrd 'sac+rrd, cuda' --steps 2000",
         ),
         leakage_section(
             [
