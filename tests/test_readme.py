@@ -35,12 +35,15 @@ def test_readme_own_env_example_runs_as_written(tmp_path):
     import json
     import os
     import subprocess
+    import sys
 
     blocks = _section_blocks("#### Your own environment")
     (tmp_path / "greenhouse.py").write_text(blocks["python"])
     commands = [line for line in blocks["bash"].splitlines() if line.strip()]
     assert len(commands) == 3 and "--algo vcbm " in commands[1] and "--credit vcbm_bookmark" in commands[2]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # the README's `python` is the interpreter running the tests, whether or not its venv is on PATH
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": path}
     outputs = []
     for command in commands:
         done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
