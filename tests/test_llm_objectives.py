@@ -285,10 +285,8 @@ def test_a_bad_objective_is_one_line_naming_it_and_the_choices():
 
 def _train_one_iteration(objective: str, out) -> tuple[object, list[dict]]:
     """One LOOP iteration (2 epochs, one micro-batch each) of the tiny random model; what each loss call was given."""
-    from datasets import Dataset
-
-    from algorithms.llm.build import model_and_tokenizer
     from algorithms.llm.config import LoopConfig
+    from tests.llm_tiny import tiny_trainer
 
     class Recording(LoopTrainer):
         def _policy_loss(self, logps, old, mask, inputs):
@@ -298,33 +296,10 @@ def _train_one_iteration(objective: str, out) -> tuple[object, list[dict]]:
             self.calls.append({"loss": loss.item(), "mask": mask.clone(), "first": first_epoch, **given})
             return loss
 
-    model, tokenizer = model_and_tokenizer("tiny-random", seed=0, bf16=False)
-    args = LoopConfig(
-        output_dir=str(out),
-        seed=0,
-        max_steps=2,
-        num_iterations=2,
-        generation_batch_size=8,
-        num_generations=4,
-        per_device_train_batch_size=8,
-        max_turns=2,
-        max_new_tokens_per_turn=8,
-        one_shot=False,
-        learning_rate=3e-3,
-        disable_tqdm=True,
-        use_cpu=True,
+    trainer = tiny_trainer(
+        Recording, LoopConfig, out, prompts=8, max_steps=2, num_iterations=2, per_device_train_batch_size=8,
         objective=objective,
-    )
-    seeds = np.random.default_rng(0).integers(0, 2**31 - 1, size=8)
-    torch.manual_seed(0)
-    trainer = Recording(
-        model=model,
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": [str(int(s)) for s in seeds]}),
-        processing_class=tokenizer,
-        env_id=ENV,
-        env_kwargs={"max_turns": 2, "noise_scale": 1.0},
-    )
+    )  # fmt: skip
     trainer.calls = []
     trainer.train()
     return trainer, trainer.calls

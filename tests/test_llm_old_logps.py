@@ -8,17 +8,14 @@ micro-batches per epoch (gradient accumulation), for LOOP's loss and TRL's GRPO 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 pytest.importorskip("trl")
 
-from datasets import Dataset  # noqa: E402
-
-from algorithms.llm.build import model_and_tokenizer  # noqa: E402
 from algorithms.llm.config import LoopConfig, MultiTurnGRPOConfig  # noqa: E402
 from algorithms.llm.trainer import LoopTrainer, MultiTurnGRPOTrainer  # noqa: E402
+from tests.llm_tiny import tiny_trainer  # noqa: E402
 
 ITERATIONS, EPOCHS = 2, 2
 
@@ -42,32 +39,10 @@ def _train(algo: str, from_first_epoch: bool, out) -> tuple[object, list, int]:
             self.no_grad_passes += int(not torch.is_grad_enabled() and out[0] is not None)  # None: the pass skipped
             return out
 
-    model, tokenizer = model_and_tokenizer("tiny-random", seed=0, bf16=False)
-    args = config_class(
-        output_dir=str(out),
-        seed=0,
-        max_steps=ITERATIONS * EPOCHS,
-        num_iterations=EPOCHS,
-        generation_batch_size=8,
-        num_generations=4,
+    trainer = tiny_trainer(
+        Recording, config_class, out, prompts=16, max_steps=ITERATIONS * EPOCHS, num_iterations=EPOCHS,
         per_device_train_batch_size=4,  # two micro-batches per epoch: one optimizer step accumulates both
-        max_turns=2,
-        max_new_tokens_per_turn=8,
-        one_shot=False,
-        learning_rate=3e-3,
-        disable_tqdm=True,
-        use_cpu=True,
-    )
-    seeds = np.random.default_rng(0).integers(0, 2**31 - 1, size=16)
-    torch.manual_seed(0)
-    trainer = Recording(
-        model=model,
-        args=args,
-        train_dataset=Dataset.from_dict({"prompt": [str(int(s)) for s in seeds]}),
-        processing_class=tokenizer,
-        env_id="TextWatchRepair-v0",
-        env_kwargs={"max_turns": 2, "noise_scale": 1.0},
-    )
+    )  # fmt: skip
     trainer.given_old, trainer.no_grad_passes = [], 0
     trainer.train()
     return trainer, trainer.given_old, trainer.no_grad_passes
