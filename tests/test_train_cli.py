@@ -1,5 +1,6 @@
 import json
 
+import pytest
 import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -163,3 +164,38 @@ def test_sb3_constructor_refusals_are_one_line_naming_the_setting_and_write_noth
     # the corrected command runs into the same log dir (nothing of the refused ones is in the way)
     assert main(["--algo", "ppo", "--max-episodes", "2", "--no-progress", "--log-dir", str(tmp_path / "run")]) == 0
     assert (tmp_path / "run" / "summary.json").is_file()
+
+
+def test_a_linear_schedule_decays_from_its_start_to_zero_over_the_runs_step_budget(tmp_path):
+    """`lin_<start>` (rl-zoo3's notation): SB3 gets a schedule of the remaining progress, config.yml the string."""
+    from algorithms.sb3.runner import build
+    from algorithms.train import resolve_spec
+
+    settings = {"learning_rate": "lin_1e-3", "clip_range": "lin_0.2", "n_steps": 64, "batch_size": 64, "n_envs": 1}
+    spec = resolve_spec("ppo", "WatchRepair-v0", 0, {**settings, "max_episodes": 4, "stop_at_convergence": False})
+    assert spec.hyperparams["learning_rate"] == "lin_1e-3" and spec.hyperparams["clip_range"] == "lin_0.2"
+    model = build(spec, str(tmp_path)).model
+    seen, train = [], model.train
+
+    def recording_train():
+        train()
+        progress = model._current_progress_remaining
+        seen.append((progress, model.policy.optimizer.param_groups[0]["lr"], model.clip_range(progress)))
+
+    model.train = recording_train
+    model.learn(total_timesteps=4 * 50)  # the run's budget: 4 episodes of WatchRepair's 50 steps
+    # 64-step rollouts end at steps 64, 128, 192 and (SB3 fills a last rollout past the budget) 256 of 200:
+    # progress remaining 0.68, 0.36, 0.04, -0.28, where the schedule stays at its end, 0
+    assert [round(p, 6) for p, _, _ in seen] == [0.68, 0.36, 0.04, -0.28]
+    assert [lr for _, lr, _ in seen] == pytest.approx([6.8e-4, 3.6e-4, 0.4e-4, 0.0])
+    assert [clip for _, _, clip in seen] == pytest.approx([0.136, 0.072, 0.008, 0.0])
+
+
+@pytest.mark.parametrize("bad", ["lin_x", "lin_-1e-3", "lin_", "cos_1e-3", "lin_nan"])
+def test_a_bad_schedule_is_one_line_naming_it_and_writes_nothing(capsys, tmp_path, bad):
+    from algorithms.train import main
+
+    assert main(["--algo", "ppo", "--hyperparams", f"learning_rate={bad}", "--log-dir", str(tmp_path / "run")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"learning_rate={bad!r}" in lines[0] and "'lin_<" in lines[0], lines
+    assert not (tmp_path / "run").exists()

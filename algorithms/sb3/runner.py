@@ -157,6 +157,37 @@ ON_POLICY_EXTRAS = frozenset({"extras['advantages']", "extras['baseline']"})
 OFF_POLICY_EXTRAS = frozenset({"extras['next_observations']"})
 
 
+# Arguments SB3 also takes as a schedule of the remaining progress; in a config, rl-zoo3's notation
+# "lin_<start>" for a linear decay from <start> to 0 over the run's step budget (max_episodes x episode steps)
+SCHEDULED_ARGS = ("learning_rate", "clip_range")
+LINEAR_PREFIX = "lin_"
+
+
+def linear_start(name: str, value: str) -> float:
+    """The start of a "lin_<start>" schedule, checked like the constant it replaces (one line naming it)."""
+    try:
+        start = float(value.removeprefix(LINEAR_PREFIX)) if value.startswith(LINEAR_PREFIX) else None
+    except ValueError:
+        start = None
+    if start is None or not ARG_RANGES[name].contains(start):
+        raise ConfigError(
+            f"hyperparameter {name}={value!r}: expected {ARG_RANGES[name].describe()}, or '{LINEAR_PREFIX}<such a "
+            "number>' for a linear decay from it to 0 over the run"
+        )
+    return start
+
+
+def sb3_schedules(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """kwargs with each "lin_<start>" string made SB3's LinearSchedule (start at progress 0, 0 at the end)."""
+    from stable_baselines3.common.utils import LinearSchedule
+
+    out = dict(kwargs)
+    for name in SCHEDULED_ARGS:
+        if isinstance(out.get(name), str):
+            out[name] = LinearSchedule(start=linear_start(name, out[name]), end=0.0, end_fraction=1.0)
+    return out
+
+
 def is_off_policy(algo: str) -> bool:
     return issubclass(algo_class(algo), OffPolicyAlgorithm)
 
@@ -168,6 +199,9 @@ def algo_defaults(algo_cls: type) -> dict[str, Any]:
 
 
 def _coerce_arg(name: str, value: Any, default: Any, owner: str) -> Any:
+    if name in SCHEDULED_ARGS and isinstance(value, str):
+        linear_start(name, value)  # kept as written: config.yml and the config hash record the plain string
+        return value
     check_finite(name, value)
     if isinstance(default, bool) or name in INTEGER_ARGS:
         kind = bool if isinstance(default, bool) else int
@@ -356,7 +390,8 @@ def build(spec: RunSpec, tensorboard_log: str | None) -> Built:
     naming the hyperparameter. `SB3Arm.validate` builds the model dry (tensorboard_log None: no log dir, no
     rule: resolve built it dry) before algorithms.train writes anything."""
     config: SB3Config = spec.config
-    run_cfg, kwargs = config.run, copy.deepcopy(dict(config.algo_kwargs))  # SB3 keeps (and may change) what it is given
+    run_cfg = config.run
+    kwargs = sb3_schedules(copy.deepcopy(dict(config.algo_kwargs)))  # SB3 keeps (and may change) what it is given
     torch.set_num_threads(run_cfg.torch_threads)
     # numpy's BLAS too (RRD's reward model, relabelling): its default, a thread per core, contends with torch's and
     # the other workers' threads; benchmarks/sac_speed_levers.py measured SAC+RRD at 7 steps/s with it, 53-69 without
