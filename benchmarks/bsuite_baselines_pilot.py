@@ -109,6 +109,14 @@ Outcome (bsuite_baselines_pilot_round9.json, 7.4 minutes): rates at chains 4 / 5
 unnormalised 0.763 / 0.643, minibatches of 16 0.788 / 0.642, the linear policy 0.658 / 0.592 and unnormalised 0.683 /
 0.634, against the reference's 0.764 / 0.667. None has a better worst setting: the entry stays round 8's, and the
 chains 1-4 check is not rerun (its runs would be the same).
+
+Round 10 (PPO on umbrella_length, round 6's chains 4-5 and seeds 100-105): the plateau that round 9 aimed at looks
+like a constant step size's noise floor (every update moves the first decision's logit by noise of the same size,
+however well it is already set), which PPO's usual remedy, a linear decay of the step to 0 over the run, lowers late
+in the run. The SB3 arm now takes rl-zoo3's `lin_<start>` schedules. Candidates on round 8's entry: the learning rate
+decaying from 1e-3 (half the mean step) or from 2e-3 (the same mean step as the entry's constant 1e-3), and the
+clip range decaying from 0.2 at the entry's constant learning rate. Reference, rule and budget as in round 9 (3
+candidates x 2 settings x 6 seeds = 36 runs; one worker beside the umbrella_distract sweep, ~15 minutes).
 """
 
 from __future__ import annotations
@@ -128,10 +136,22 @@ from algorithms.train import resolve_spec  # noqa: E402
 # round -> umbrella_length indices (1, 4, 7: chain lengths 2, 5, 8; 3: chain 4; the short protocol scores 0, 2, 5, 9 on seeds 0-2,
 # the chains 1-4 check 0-3 on seeds 0-2) and seeds
 # (round 7: discounting_chain settings 2-4; the short protocol scores settings 0 and 1)
-SETTINGS = {1: (1, 4, 7), 2: (1, 4, 7), 3: (1, 4), 4: (1, 4), 5: (1, 4), 6: (3, 4), 7: (2, 3, 4), 8: (3, 4), 9: (3, 4)}
+SETTINGS = {
+    1: (1, 4, 7),
+    2: (1, 4, 7),
+    3: (1, 4),
+    4: (1, 4),
+    5: (1, 4),
+    6: (3, 4),
+    7: (2, 3, 4),
+    8: (3, 4),
+    9: (3, 4),
+    10: (3, 4),
+}
 SEEDS = {
     1: range(100, 102), 2: range(100, 102), 3: range(100, 103), 4: range(100, 103), 5: range(100, 103),
     6: range(100, 106), 7: range(100, 103), 8: range(100, 106), 9: range(100, 106),
+    10: range(100, 106),
 }  # fmt: skip
 EXPERIMENTS = {7: "discounting_chain"}  # round -> bsuite experiment (umbrella_length where not named)
 EPISODES = {7: 200}  # round -> episodes per run (the short protocol's budget): 1,000 where not named
@@ -290,11 +310,23 @@ ROUND_9: dict[str, dict[str, dict[str, Any]]] = {
         },
     },
 }  # fmt: skip
+# Round 10 (the same settings and seeds): linear decays of the step (lin_<start>), round 8's choice the reference
+ROUND_10: dict[str, dict[str, dict[str, Any]]] = {
+    "ppo": {
+        "n32-b8-e10-lrlin1e-3-l1-mgn100": {**PPO_B8_MGN100, "learning_rate": "lin_1e-3"},
+        "n32-b8-e10-lrlin2e-3-l1-mgn100": {**PPO_B8_MGN100, "learning_rate": "lin_2e-3"},
+        "n32-b8-e10-lr1e-3-cliplin0.2-l1-mgn100": {**PPO_B8_MGN100, "clip_range": "lin_0.2"},
+    },
+}  # fmt: skip
 REFERENCE = {  # round -> (the round whose JSON holds it, candidate key)
     8: (6, "ppo n32-b8-e10-lr1e-3-l1"),
     9: (8, "ppo n32-b8-e10-lr1e-3-l1-mgn100"),
+    10: (8, "ppo n32-b8-e10-lr1e-3-l1-mgn100"),
 }
-ROUNDS = {1: ROUND_1, 2: ROUND_2, 3: ROUND_3, 4: ROUND_4, 5: ROUND_5, 6: ROUND_6, 7: ROUND_7, 8: ROUND_8, 9: ROUND_9}
+ROUNDS = {
+    1: ROUND_1, 2: ROUND_2, 3: ROUND_3, 4: ROUND_4, 5: ROUND_5, 6: ROUND_6, 7: ROUND_7, 8: ROUND_8, 9: ROUND_9,
+    10: ROUND_10,
+}  # fmt: skip
 VIEW = {"env_kwargs": {"integer_observations": True}}  # the view every algo of the sweeps sees
 
 
