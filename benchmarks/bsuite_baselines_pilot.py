@@ -117,6 +117,10 @@ in the run. The SB3 arm now takes rl-zoo3's `lin_<start>` schedules. Candidates 
 decaying from 1e-3 (half the mean step) or from 2e-3 (the same mean step as the entry's constant 1e-3), and the
 clip range decaying from 0.2 at the entry's constant learning rate. Reference, rule and budget as in round 9 (3
 candidates x 2 settings x 6 seeds = 36 runs; one worker beside the umbrella_distract sweep, ~15 minutes).
+Outcome (bsuite_baselines_pilot_round10.json, 13.4 minutes): rates at chains 4 / 5, mean over seeds 100-105: the
+learning rate decaying from 1e-3 0.714 / 0.652, from 2e-3 0.650 / 0.635, the clip range from 0.2 0.755 / 0.644,
+against the reference's 0.764 / 0.667. The decays did worse (so the plateau is not a step size's noise floor that a
+decay lowers within this budget); the entry stays round 8's.
 """
 
 from __future__ import annotations
