@@ -178,7 +178,7 @@ def linear_start(name: str, value: str) -> float:
 
 
 def sb3_schedules(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """kwargs with each "lin_<start>" string made SB3's LinearSchedule (start at progress 0, 0 at the end)."""
+    """kwargs with each "lin_<start>" string made SB3's LinearSchedule: <start> when the run begins, 0 at its budget's end."""
     from stable_baselines3.common.utils import LinearSchedule
 
     out = dict(kwargs)
