@@ -378,8 +378,7 @@ def render(results_dir: Path) -> str:
         ),
         suite_section(
             "bsuite short sweep on umbrella_distract: PPO and DQN, each alone and with every reward rule, and VCBM "
-            "(chain length 20; 120 of the 132 runs: dqn+rrd, the slowest and put last, was stopped for the session's "
-            "time before its runs finished; the others' runs took 11,545 s of one core, 2026-12-04)",
+            "(chain length 20; the umbrella_length entries, not tuned here; 2026-12-04)",
             results_dir / "bsuite_short_umbrella_distract",
             "bash benchmarks/bsuite_sweeps.sh",
         ),
