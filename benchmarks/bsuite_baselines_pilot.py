@@ -133,6 +133,11 @@ update average that fitted noise out; the same diagnosis gave 0.746 and 0.795 wi
 rollouts in minibatches of 32 (the entry's four minibatches per rollout), 64-step rollouts in minibatches of 16, and
 the linear critic. Reference, rule and seeds as in rounds 9-10. Budget, from the diagnosis's timings (about 50 s of
 one core per run at chain 4): 3 candidates x 2 settings x 6 seeds = 36 runs, ~18 minutes on 2 workers.
+Outcome (bsuite_baselines_pilot_round11.json, 4.6 minutes on idle cores): rates at chains 4 / 5, mean over seeds
+100-105: 128-step rollouts in minibatches of 32 0.774 / 0.703, 64 in 16 0.778 / 0.678, the linear critic 0.773 /
+0.676, against the reference's 0.764 / 0.667: every candidate did better at both chains, and umbrella_length's entry
+takes the best worst setting, 128-step rollouts in minibatches of 32 (umbrella_distract keeps round 8's, with which its
+sweep ran).
 """
 
 from __future__ import annotations
