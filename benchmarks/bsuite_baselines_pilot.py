@@ -137,7 +137,9 @@ Outcome (bsuite_baselines_pilot_round11.json, 4.6 minutes on idle cores): rates 
 100-105: 128-step rollouts in minibatches of 32 0.774 / 0.703, 64 in 16 0.778 / 0.678, the linear critic 0.773 /
 0.676, against the reference's 0.764 / 0.667: every candidate did better at both chains, and umbrella_length's entry
 takes the best worst setting, 128-step rollouts in minibatches of 32 (umbrella_distract keeps round 8's, with which its
-sweep ran).
+sweep ran). benchmarks/bsuite_distractor_diagnosis.py repeats the diagnosis as a committed benchmark (single-threaded, so
+a seed's rate differs from the diagnosis's; seeds 200-203): round 8's entry 0.686 as bsuite draws the observation and
+0.841 with the distractor bits zeroed, round 11's 0.753 and 0.884.
 """
 
 from __future__ import annotations

@@ -366,19 +366,20 @@ def render(results_dir: Path) -> str:
         ),
         suite_section(
             "bsuite short sweep on umbrella_length: PPO and DQN, each alone and with every reward rule (rudder, ircr, "
-            "rrd, vcbm_bookmark), and VCBM, with the current zoo entries (PPO's pilot round 8, DQN's n-step round 6)",
+            "rrd, vcbm_bookmark), and VCBM, with the current zoo entries (PPO's pilot round 11, DQN's n-step round 6)",
             results_dir / "bsuite_short_umbrella_length",
             "bash benchmarks/bsuite_sweeps.sh OUT 2 umbrella_length",
         ),
         suite_section(
-            "bsuite umbrella_length chains 1-4 (short budget): PPO and DQN with their bsuite zoo entries",
+            "bsuite umbrella_length chains 1-4 (short budget): PPO and DQN with their bsuite zoo entries (PPO's pilot round "
+            "11, DQN's round 6)",
             results_dir / "bsuite_umbrella_length_chains_1_to_4_sb3_baselines",
             "python -m algorithms.suite --short --experiment umbrella_length --settings 0 1 2 3 --seeds 3 --algos ppo dqn "
             '--hyperparams "env_kwargs={integer_observations: true}" --out OUT',
         ),
         suite_section(
             "bsuite short sweep on umbrella_distract: PPO and DQN, each alone and with every reward rule, and VCBM "
-            "(chain length 20; the umbrella_length entries, not tuned here; 2026-12-04)",
+            "(chain length 20; not tuned here: PPO's pilot round 8 entry, DQN's umbrella_length entry; 2026-12-04)",
             results_dir / "bsuite_short_umbrella_distract",
             "bash benchmarks/bsuite_sweeps.sh",
         ),
