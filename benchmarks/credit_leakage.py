@@ -8,7 +8,8 @@ On a task whose true credit is known (WatchRepair: only the first action changes
 the first step's advantage is non-zero in expectation; bsuite's umbrella_length likewise), a rule
 that assigns credit well puts its |advantage| on the decision step. For each seed, episodes of a
 fixed behaviour policy (uniform random actions) stream through every rule in batches of
-`--batch-episodes`, as a PPO rollout would feed it (`observe`, then `advantages`); the leakage of
+`--batch-episodes`, as a PPO rollout would feed it, in the arms' call order (the batch's `advantages` from the
+rule's state after every earlier batch, then `observe`); the leakage of
 the seed is
 
     sum over the second half of the batches of sum_{t > decision} |A_t|  /  the same sum over all t,
@@ -78,9 +79,12 @@ def leakage_of_seed(rule_name: str, env: gym.Env, batches: list[EpisodeBatch], d
     rule = make_rule(rule_name, env=env, **RULE_KWARGS.get(rule_name, {}))
     after = total = 0.0
     for index, batch in enumerate(batches):
+        # the arms' order (assign_credit): the batch's credit from the rule's state after the earlier batches, then the
+        # rule learns from it; |advantages| for every rule (a reward rule's `advantages` are its rewards)
+        credit = rule.advantages(batch)
         rule.observe(batch)
         if index >= len(batches) // 2:
-            batch_after, batch_total = leakage_sums(rule.advantages(batch), decision_step)
+            batch_after, batch_total = leakage_sums(credit, decision_step)
             after += batch_after
             total += batch_total
     return after / total if total > 0 else float("nan")

@@ -407,7 +407,9 @@ def test_the_checks_catch_escapes_without_the_sandbox(world):
     """The same payloads, unsandboxed (trusted_code=True): the checks above do see the escapes."""
     venv, root = world["venv"], world["root"]
     with AppWorldServerPool(1, venv, root, trusted_code=True) as pool:
-        env = AppWorldEnv(split="dev", server_pool=pool, execution_timeout=10, request_timeout=20)
+        # unsandboxed, read_ground_truth walks the whole host tree, which on two loaded cores may outrun a 10 s limit
+        # and then finds nothing (it failed once so, under load, and passed alone): these runs get more time
+        env = AppWorldEnv(split="dev", server_pool=pool, execution_timeout=60, request_timeout=90)
         env.reset(options={"task_id": TASK})
         unsandboxed = {**world, "env": env, "pool": pool}
         caught = {}
