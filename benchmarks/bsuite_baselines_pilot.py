@@ -139,7 +139,8 @@ Outcome (bsuite_baselines_pilot_round11.json, 4.6 minutes on idle cores): rates 
 takes the best worst setting, 128-step rollouts in minibatches of 32 (umbrella_distract keeps round 8's, with which its
 sweep ran). benchmarks/bsuite_distractor_diagnosis.py repeats the diagnosis as a committed benchmark (single-threaded, so
 a seed's rate differs from the diagnosis's; seeds 200-203): round 8's entry 0.686 as bsuite draws the observation and
-0.841 with the distractor bits zeroed, round 11's 0.753 and 0.884.
+0.841 with the distractor bits zeroed, round 11's 0.753 and 0.884. That the distractor bits cost PPO this much is
+measured; how (the per-step fitting above) is a reading that neither the diagnosis nor round 11 measured.
 """
 
 from __future__ import annotations
