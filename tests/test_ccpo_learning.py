@@ -73,46 +73,13 @@ def test_the_thinker_learns_to_help_where_it_matters_and_a_flipped_sign_unlearns
         assert (p_informative[skip_records] < 0.1).all(), p_informative
 
 
-# --- the LLM arm: two roles of the warm-started tiny model (--algo ccpo) ----------------------------------------
-# TextThinkSolve with rule: brand (the brand alone decides; the Solver sees only the note), 32 rollouts per
-# iteration (8 tasks x 4), the roles alternating every 10 iterations. The tolerance is the sampling noise of the
-# measured success rates, as in tests/test_llm_learning.py: the first START iterations and the last END are binomial
-# samples of the team's rate, so under a team that does not change their difference has standard deviation
-# sqrt(p0 (1 - p0) / (START x 32) + p1 (1 - p1) / (END x 32)), and the check asks for a rise of Z = 3 of those.
-# The seed (100) is the benchmark pilot's (benchmarks/ccpo_learning.py), outside the benchmark's seeds.
-LLM_ITERATIONS, LLM_START, LLM_END, LLM_ROLLOUTS, LLM_Z = 60, 2, 5, 32, 3.0
-
-
-def llm_success(tmp_path, name: str) -> np.ndarray:
-    import json
-
-    from algorithms.train import run
-
-    argv = ["--algo", "ccpo", "--env", "TextThinkSolve-v0", "--credit", "ccpo", "--model", "tiny", "--seed", "100"]
-    argv += ["--iterations", str(LLM_ITERATIONS), "--no-progress", "--log-dir", str(tmp_path / name), "--hyperparams"]
-    run([*argv, "env_kwargs={rule: brand}", "generation_batch_size=32", "num_generations=4", "learning_rate=5.0e-4"])
-    return np.array([h["task_goal_completion"] for h in json.loads((tmp_path / name / "history.json").read_text())])
-
-
-def rise_beyond_sampling_noise(rates: np.ndarray) -> tuple[bool, float, float]:
-    start, end = rates[:LLM_START].mean(), rates[-LLM_END:].mean()
-    sigma = np.sqrt(start * (1 - start) / (LLM_START * LLM_ROLLOUTS) + end * (1 - end) / (LLM_END * LLM_ROLLOUTS))
-    sigma = max(sigma, np.sqrt(0.25 / (LLM_START * LLM_ROLLOUTS)))  # a rate measured at 0 or 1 keeps its noise
-    return bool(end - start > LLM_Z * sigma), float(end - start), float(sigma)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("sign", [1.0, -1.0])
-def test_the_two_role_llm_team_learns_with_ccpo_and_a_flipped_sign_does_not(tmp_path, monkeypatch, sign):
-    pytest.importorskip("trl")
-    from algorithms.llm.two_role import TwoRoleTrainer
-
-    original = TwoRoleTrainer.token_advantages
-    monkeypatch.setattr(TwoRoleTrainer, "token_advantages", lambda self, batch: sign * original(self, batch))
-    rates = llm_success(tmp_path, "run")
-    learnt, rise, sigma = rise_beyond_sampling_noise(rates)
-    assert rates[:LLM_START].mean() < 0.75  # the team starts near chance
-    if sign > 0:
-        assert learnt, f"rise {rise:.3f} <= {LLM_Z} x {sigma:.3f}; rates {rates.round(2).tolist()}"
-    else:
-        assert not learnt, f"flipped advantages still rose {rise:.3f} > {LLM_Z} x {sigma:.3f}"
+# --- the LLM arm ----------------------------------------------------------------------------------------------------
+# No end-to-end learning test of the two-role LLM team here. One stood here (seed 100, 60 iterations of 32 rollouts,
+# a rise of the team's success beyond 3 sigma of its sampling noise): it passed on the machine its seed was picked on
+# and failed on another of the same kind at the same commit, where the seed's success stayed at 0.50. Seeds 200-202
+# did not rise beyond that noise either, nor did seeds 200-201 at learning rates 2e-3 and 5e-3. That matches
+# benchmarks/ccpo_learning.py, where ccpo's team ends at success >= 0.7 on 2 of 10 seeds: the tiny team's learning is
+# measured there, across seeds, not asserted on one. The sign of CCPO's credit through the LLM arm is tested in
+# parts: the rule above (a flipped sign unlearns), test_two_role.py (the trainer's per-token advantages are the
+# rule's centred role rewards) and test_llm_objectives.py (a step raises the log-probability of a positive-advantage
+# sequence).
