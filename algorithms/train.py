@@ -150,9 +150,12 @@ def finished_summary(log_dir: Path, run: RunSpec) -> tuple[dict[str, Any] | None
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, Arm]:
     """The command line and the arm that trains its algo. The arm's flags (--credit among them) are added before
     anything is parsed with help on, so that `--algo ALGO --help` lists them; without --algo, help says where."""
-    first = argparse.ArgumentParser(add_help=False)
+    first = cli.ArgumentParser(add_help=False)
     first.add_argument("--algo", default=None)
-    known, _ = first.parse_known_args(argv)
+    try:
+        known, _ = first.parse_known_args(argv)
+    except VcbmGymError:  # a malformed --algo: the full parser below says so in its one line
+        known = argparse.Namespace(algo=None)
     parser = build_parser()
     parser.add_argument("--resume", action="store_true", help="continue the run in --log-dir (same config only)")
     arm = None

@@ -37,6 +37,14 @@ def _assert_one_error(code, err):
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("argv", [["--algo", "-_"], ["--algo"], ["--algo", "-x", "--env", "WatchRepair-v0"]])
+def test_a_malformed_algo_is_one_error_line_on_every_python(argv, capsys):
+    # Debian's Python 3.11.2 reported ['--algo', '-_'] through the --algo peek's plain argparse (usage, then exit)
+    from algorithms import train
+
+    _assert_one_error(train.main(argv), capsys.readouterr().err)
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("bad")
