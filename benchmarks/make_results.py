@@ -1,28 +1,13 @@
-"""Regenerate benchmarks/RESULTS.md from the benchmarks' JSON outputs under benchmarks/results/ (nothing typed by hand).
+"""Regenerate benchmarks/RESULTS.md from the registered experiments and their outputs (nothing typed by hand).
 
-    python benchmarks/make_results.py            # reads benchmarks/results/*, writes benchmarks/RESULTS.md
+    python benchmarks/make_results.py            # reads zoo_configs/experiments/ and benchmarks/results/*
 
-Sections (each from its own directory; a missing one is listed as not yet produced, with the command that makes it):
-- table2/          `algorithms.compare` results.json + run.json: Table II, VCBM vs RUDDER on WatchRepair-v0, 20 seeds
-                   (benchmarks/compare_watch_repair.sh)
-- sb3_credit/      the same files for SB3 PPO with and without credit rules (benchmarks/sb3_credit.sh)
-- tabular_credit/  the same files for tabular Q-learning (td) with and without credit rules (TABULAR_CREDIT)
-- llm_learning/    benchmarks/llm_learning.py's results.json (its own table function renders it)
-- ccpo_learning/   benchmarks/ccpo_learning.py's results.json + run.json: two-role credit (its own table function)
-- branch_credit/   benchmarks/branch_credit.py's results.json (its own table function renders it): vineppo and rice
-                   beside loop and vcbm-loop, per iteration and per unit of compute
-- llm_throughput.md  benchmarks/llm_throughput.py's own report (--markdown), rollouts/s old vs new path
-- llm_training_pass.md  benchmarks/llm_training_pass.py's own report (--markdown), TRL's training pass vs shared prompts
-- llm_old_logps.md  benchmarks/llm_old_logps.py's own report (--markdown), seconds per iteration with and without
-                   TRL's old-policy pass
-- credit_fidelity/ `algorithms.credit_fidelity` fidelity.json (+ training.json) + run.json: CASI fidelity
-- sac_speed_levers.md  benchmarks/sac_speed_levers.py's own report (--markdown), SAC variants' steps/s side by side
-- sac_speed_levers_cuda.md  the same report of its CPU and CUDA variants, measured on a machine with a GPU
-- credit_reference_<env>.json  `algorithms.credit_reference`: each rule's fidelity to the replay-defined reference
-                   (its table and run record inside the JSON)
-Each section states the command, the git commit and the wall time that its outputs record, and says "not recorded"
-where an output does not record one. The tables are rendered by the same functions that wrote the outputs' own
-tables (compare.table_markdown, credit_fidelity.fidelity_markdown / training_markdown, llm_learning.table).
+RESULTS.md opens with the verdict table (algorithms.experiment.verdict: one row per paper claim of claims.yml, untested
+ones included), then one section per experiment spec: the spec as data and its comparisons scored by the engine, then
+the outputs' own tables, rendered by the functions that wrote them (compare's and suite's table_markdown,
+credit_fidelity's, the LLM benchmarks' `table`), with the command, commit and wall time they record ("not recorded"
+where an output does not). The speed micro-benchmarks' own reports close it. Make an experiment's outputs with
+`python -m algorithms.experiment run NAME --out DIR` and copy them to the spec's `results` path.
 """
 
 from __future__ import annotations
@@ -37,19 +22,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from algorithms.common import cli  # noqa: E402
+from algorithms.experiment import specs, verdict  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 NOT_RECORDED = "not recorded"
-# td, td+rudder, td+vcbm_bookmark: the tabular arm's credit slot (algorithms/tabular/credit.py), 20 seeds. The cap was
-# set from the runs' cost alone, before any result was read, to keep the compare near 25 minutes on two shared cores
-# (td+rudder's LSTM costs ~50 ms an episode there; 5,000 and then 3,000 were started and stopped as too slow); the run
-# dirs stay in runs/.
-TABULAR_CREDIT = (
-    "python -m algorithms.compare --env WatchRepair-v0 --algos td td+rudder td+vcbm_bookmark --seeds 20 "
-    "--max-episodes 1500 --workers 2 --out runs/tabular_credit --no-progress && mkdir -p benchmarks/results/tabular_credit && "
-    "cp runs/tabular_credit/"
-    "{results.json,run.json,table.md,figure.png,curves.png} benchmarks/results/tabular_credit/"
-)
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -343,54 +319,59 @@ def branch_credit_section(directory: Path) -> str:
     return f"## {title}\n\n{provenance(record, results.get('wall_time_s'))}{note}\n{table}{curves}"
 
 
+def _details(name: str, path: Path) -> str:
+    """The experiment's own tables (rendered by the functions that wrote its outputs), under its spec's section."""
+    how = f"python -m algorithms.experiment run {name} --out OUT"
+    kind = {
+        "table2": lambda: compare_section("", path, how),
+        "sb3_credit": lambda: compare_section("", path, how),
+        "tabular_credit": lambda: compare_section("", path, how),
+        "tabular_baselines": lambda: compare_section("", path, how),
+        "vcbm_plus": lambda: compare_section("", path, how),
+        "llm_learning": lambda: llm_section(path),
+        "two_role_credit": lambda: ccpo_section(path),
+        "branch_credit": lambda: branch_credit_section(path),
+        "casi_fidelity": lambda: fidelity_section(path),
+        "episodic_mujoco": lambda: episodic_mujoco_section(path),
+        "reward_fit": lambda: reward_fit_section(path),
+        "exact_gradient": lambda: exact_gradient_section(path),
+    }
+    if name in kind:
+        text = kind[name]()
+    elif name.startswith("bsuite_"):
+        text = suite_section("", path, how)
+    elif name.startswith("credit_leakage_"):
+        text = leakage_section([path])
+    elif name.startswith("replay_reference_"):
+        text = credit_reference_section([path])
+    else:
+        return ""
+    return text.split("\n", 1)[1].lstrip("\n")  # the experiment's heading is the spec's
+
+
+def experiment_section(spec: specs.ExperimentSpec, results_dir: Path) -> str:
+    relative = spec.results.relative_to("benchmarks/results") if spec.results is not None else None
+    path = results_dir / relative if relative is not None else None
+    scored = verdict.score(spec, path) if path is not None else verdict.score(spec, results_dir / "absent")
+    details = _details(spec.name, path) if path is not None and path.exists() else ""
+    if path is None or not path.exists():
+        details = f"Not produced yet: run `python -m algorithms.experiment run {spec.name} --out OUT`.\n"
+    return (
+        f'<a id="{spec.name}"></a>\n\n## {spec.title}\n\n{verdict.spec_markdown(spec, scored)}\n### Its outputs\n\n{details}'
+    ), scored
+
+
 def render(results_dir: Path) -> str:
-    sections = [
-        compare_section(
-            "Table II: VCBM vs RUDDER on WatchRepair-v0", results_dir / "table2", "bash benchmarks/compare_watch_repair.sh"
-        ),
-        compare_section(
-            "SB3 PPO with credit rules on WatchRepair-v0", results_dir / "sb3_credit", "bash benchmarks/sb3_credit.sh"
-        ),
-        compare_section("Tabular Q-learning with credit rules on WatchRepair-v0", results_dir / "tabular_credit", TABULAR_CREDIT),
-        llm_section(results_dir / "llm_learning"),
-        ccpo_section(results_dir / "ccpo_learning"),
-        branch_credit_section(results_dir / "branch_credit"),
+    all_specs = [specs.load_spec(name) for name in specs.spec_names()]
+    sections, scores = [], {}
+    for spec in all_specs:
+        text, scores[spec.name] = experiment_section(spec, results_dir)
+        sections.append(text)
+    rows = verdict.verdict_rows(all_specs, scores, specs.load_claims())
+    speed = [
         throughput_section(results_dir / "llm_throughput.md"),
         training_pass_section(results_dir / "llm_training_pass.md"),
         old_logps_section(results_dir / "llm_old_logps.md"),
-        fidelity_section(results_dir / "credit_fidelity"),
-        suite_section(
-            "bsuite umbrella_length, bsuite's full protocol: tabular VCBM",
-            results_dir / "bsuite_vcbm_umbrella_length",
-            "bash benchmarks/bsuite_sweeps.sh",
-        ),
-        suite_section(
-            "bsuite short sweep on umbrella_length: PPO and DQN, each alone and with every reward rule (rudder, ircr, "
-            "rrd, vcbm_bookmark), and VCBM, with the current zoo entries (PPO's pilot round 11, DQN's n-step round 6)",
-            results_dir / "bsuite_short_umbrella_length",
-            "bash benchmarks/bsuite_sweeps.sh OUT 2 umbrella_length",
-        ),
-        suite_section(
-            "bsuite umbrella_length chains 1-4 (short budget): PPO and DQN with their bsuite zoo entries (PPO's pilot round "
-            "11, DQN's round 6)",
-            results_dir / "bsuite_umbrella_length_chains_1_to_4_sb3_baselines",
-            "python -m algorithms.suite --short --experiment umbrella_length --settings 0 1 2 3 --seeds 3 --algos ppo dqn "
-            '--hyperparams "env_kwargs={integer_observations: true}" --out OUT',
-        ),
-        suite_section(
-            "bsuite short sweep on umbrella_distract: PPO and DQN, each alone and with every reward rule, and VCBM "
-            "(chain length 20; not tuned here: PPO's pilot round 8 entry, DQN's umbrella_length entry; 2026-12-04)",
-            results_dir / "bsuite_short_umbrella_distract",
-            "bash benchmarks/bsuite_sweeps.sh",
-        ),
-        suite_section(
-            "bsuite short sweep on discounting_chain: PPO and DQN alone and with rudder, ircr and rrd (PPO's entry from "
-            "pilot round 7: 200-step rollouts, so whole 100-step episodes reach the rules)",
-            results_dir / "bsuite_short_discounting_chain",
-            "bash benchmarks/bsuite_sweeps.sh OUT 2 discounting_chain",
-        ),
-        episodic_mujoco_section(results_dir / "episodic_mujoco"),
-        reward_fit_section(results_dir / "reward_fit"),
         own_report_section(
             "SAC speed levers (steps/s side by side in one run; the machine shared, load averages in the report)",
             results_dir / "sac_speed_levers.md",
@@ -398,33 +379,23 @@ def render(results_dir: Path) -> str:
         ),
         own_report_section(
             "SAC on the GPU: the same benchmark on a lent machine with one H200 and 16 CPU cores (slower per core than "
-            "this project's machine), cpu against cuda side by side; the code was that of commit 3d8dac8 (the copy's "
-            "git record named an earlier commit, 7d3fa7c, with uncommitted changes); stopped by its time limit after 7 "
-            "of 8 runs, before the plain sac's second repeat",
+            "this project's machine), cpu against cuda side by side; stopped by its time limit after 7 of 8 runs, "
+            "before the plain sac's second repeat",
             results_dir / "sac_speed_levers_cuda.md",
             "python benchmarks/sac_speed_levers.py --variants sac 'sac, cuda' sac+rrd 'sac+rrd, cuda' --steps 2000",
         ),
-        leakage_section(
-            [
-                results_dir / "credit_leakage.json",
-                results_dir / "credit_leakage_umbrella_length.json",
-                results_dir / "credit_leakage_umbrella_length_integer_view.json",
-            ]
-        ),
-        exact_gradient_section(results_dir / "exact_gradient.json"),
-        credit_reference_section(
-            [
-                results_dir / f"credit_reference_{env}.json"
-                for env in ("WatchRepair-v0", "umbrella_length_9", "TextWatchWorkshop-v0", "SetRetrieval-v0")
-            ]
-        ),
     ]
     header = (
-        "# Published results\n\nGenerated by `python benchmarks/make_results.py` from the JSON outputs under "
-        "`benchmarks/results/`; do not edit by hand. Each section gives the command, the commit and the wall time "
-        "that its outputs record.\n"
+        "# Published results\n\nGenerated by `python benchmarks/make_results.py` from the registered experiments "
+        "(`zoo_configs/experiments/`, `python -m algorithms.experiment list`) and their outputs under "
+        "`benchmarks/results/`; do not edit by hand.\n\n"
+        "## Verdicts: one row per paper claim of a rule, objective or algo the zoo ships\n\n"
+        f"{verdict.VERDICT_LEGEND}\n\n{verdict.verdict_table(rows)}\n"
+        "## Experiments\n\nEach section: the spec as data, its comparisons scored, then the outputs' own tables "
+        "with the command, commit and wall time they record.\n"
     )
-    return header + "\n" + "\n".join(sections)
+    speed_header = "\n# Speed (side by side in one run; no claims)\n\n"
+    return header + "\n" + "\n".join(sections) + speed_header + "\n".join(s.replace("## ", "## ", 1) for s in speed)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,259 @@
+"""`python -m algorithms.experiment list | plan NAME | run NAME --out DIR | report NAME | verdicts`: one engine for
+every registered experiment (zoo_configs/experiments/<NAME>.yml; `--spec path.yml` for one of your own).
+
+- `list`: every experiment, its kind, its claims and the state of its committed results.
+- `plan NAME [--seeds N]`: the runs it makes, their cost from the rate its committed run measured, and the smallest
+  effect its seeds can detect (half the 95% CI width of the probability of improvement under no effect).
+- `run NAME --out DIR [--short] [--seeds N] [--seed-start S] [--max-episodes N] [--workers N] [--no-progress]
+  [--backend ray --address A]`: runs it with the command of its kind (compare and suite run in memory on the
+  executor; a `script` experiment runs its benchmark), records the spec's hash and commit in DIR/experiment.json
+  and refuses a DIR that holds results of another version of the spec (never pooled). Seeds, episodes and `--short`
+  other than the spec's are recorded as deviations: such results are exploratory.
+- `report NAME [--results DIR]`: the experiment scored by its measure, with verdicts, as Markdown.
+- `verdicts [--headline]`: the verdict table, one row per paper claim of the zoo (claims.yml); `--headline`: the
+  README's short form.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from algorithms.common import cli
+from algorithms.common.errors import VcbmGymError
+from algorithms.experiment import specs, verdict
+from algorithms.experiment.specs import ExperimentSpec
+
+MAX_SEEDS = 10_000  # per method, as compare and suite accept (algorithms.experiment.jobs)
+MAX_WORKERS = 256
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.ArgumentParser(prog="python -m algorithms.experiment", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=cli.ArgumentParser)
+    commands.add_parser("list", help="Every registered experiment.")
+    plan = commands.add_parser("plan", help="The runs, cost and detectable effect of one experiment.")
+    plan.add_argument("name", help="A registered experiment, or a spec file (path.yml).")
+    plan.add_argument("--seeds", type=int, default=None, help="Seeds per method (default: the spec's).")
+    report = commands.add_parser("report", help="One experiment scored, with verdicts.")
+    report.add_argument("name", help="A registered experiment, or a spec file (path.yml).")
+    report.add_argument("--results", default=None, help="A results directory or file (default: the committed results).")
+    verdicts = commands.add_parser("verdicts", help="The verdict table: one row per paper claim.")
+    verdicts.add_argument("--headline", action="store_true", help="The README's short form: tested claims, one line each.")
+    run = commands.add_parser("run", help="Run one experiment.")
+    run.add_argument("name", help="A registered experiment, or a spec file (path.yml).")
+    run.add_argument("--out", required=True, help="The results directory (finished runs found there are reused).")
+    run.add_argument("--short", action="store_true", help="The spec's short protocol (recorded as a deviation).")
+    run.add_argument("--seeds", type=int, default=None, help="Seeds per method (default: the spec's).")
+    run.add_argument("--seed-start", type=int, default=None, help="The first seed (default: the spec's).")
+    run.add_argument("--max-episodes", type=int, default=None, help="The episode cap of every run (default: the spec's).")
+    run.add_argument("--workers", type=int, default=2, help="Runs at once.")
+    run.add_argument("--backend", default="process", help="Where the runs go: process or ray.")
+    run.add_argument("--address", default=None, help="With --backend ray: an existing cluster.")
+    run.add_argument("--no-progress", action="store_true", help="No progress bars.")
+    return parser
+
+
+def cmd_list(_: argparse.Namespace) -> None:
+    for name in specs.spec_names():
+        spec = specs.load_spec(name)
+        claims = ", ".join(dict.fromkeys(c.claim for c in spec.comparisons)) or "-"
+        state = verdict.score(spec)["status"]
+        print(f"{name:36s} {spec.kind:8s} {state:14s} {spec.title} [claims: {claims}]")
+
+
+def measured_seconds_per_run(spec: ExperimentSpec) -> float | None:
+    """The training seconds per run that the committed results recorded (run.json), if any."""
+    where = verdict.results_path(spec)
+    record = None
+    if where is not None and where.is_dir() and (where / "run.json").is_file():
+        record = json.loads((where / "run.json").read_text())
+    elif where is not None and where.is_file():
+        record = json.loads(where.read_text()).get("run")
+    if not isinstance(record, dict):
+        return None
+    if record.get("run_time_s_sum") and record.get("runs"):
+        return float(record["run_time_s_sum"]) / int(record["runs"])
+    if record.get("wall_time_s") and spec.kind == "script":
+        return float(record["wall_time_s"])  # the whole benchmark: one "run"
+    return None
+
+
+def runs_of(spec: ExperimentSpec, seeds: int) -> int:
+    if spec.kind == "script":
+        return 1
+    methods = len(spec.run.get("algos", spec.methods))
+    settings = len(spec.run.get("settings", [None])) if spec.kind == "suite" else 1
+    return methods * settings * seeds
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    spec = specs.load_spec(args.name)
+    n = args.seeds if args.seeds is not None else len(spec.seeds)
+    cli.check_int(n, "--seeds", 1, MAX_SEEDS)
+    runs = runs_of(spec, n)
+    rate = measured_seconds_per_run(spec)
+    print(f"{spec.name}: {spec.title}")
+    print(f"  kind {spec.kind}; methods {', '.join(spec.run.get('algos', spec.methods))}; seeds {n} per method")
+    what = "benchmark invocation" if spec.kind == "script" else "runs"
+    if rate is None:
+        print(f"  {runs} {what}; cost: no measured rate (no committed run record)")
+    else:
+        scale = n / len(spec.seeds) if spec.kind == "script" else 1.0
+        total = runs * rate * scale
+        print(f"  {runs} {what}; cost about {total / 3600:.2f} core-hours ({rate:.1f} s per run as measured)")
+    print(f"  budget: ours {spec.budget['ours']}; paper {spec.budget['paper']}")
+    half = verdict.detectable_effect(n, n)
+    print(f"  detectable effect at {n} vs {n} seeds: P(improvement) outside 0.5 +- {half:.2f} (95%)")
+    for comparison in spec.comparisons:
+        where = f" in {comparison.setting}" if comparison.setting else ""
+        print(f"  claim {comparison.claim}: {comparison.treatment} vs {comparison.control}{where}")
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    spec = specs.load_spec(args.name)
+    path = Path(args.results).resolve() if args.results else None
+    scored = verdict.score(spec, path)
+    print(f"## {spec.title}\n\n{verdict.spec_markdown(spec, scored)}")
+
+
+def all_scores() -> tuple[list[ExperimentSpec], dict[str, dict[str, Any]]]:
+    all_specs = [specs.load_spec(name) for name in specs.spec_names()]
+    return all_specs, {spec.name: verdict.score(spec) for spec in all_specs}
+
+
+def cmd_verdicts(args: argparse.Namespace) -> None:
+    all_specs, scores = all_scores()
+    rows = verdict.verdict_rows(all_specs, scores, specs.load_claims())
+    print(verdict.headline_table(rows) if args.headline else verdict.verdict_table(rows), end="")
+
+
+# --- run ---
+
+
+def deviations_of(spec: ExperimentSpec, args: argparse.Namespace) -> dict[str, Any]:
+    deviations: dict[str, Any] = {}
+    if args.short:
+        deviations["short"] = True
+    if args.seeds is not None and args.seeds != len(spec.seeds):
+        deviations["seeds"] = args.seeds
+    if args.seed_start is not None and args.seed_start != spec.seeds.start:
+        deviations["seed_start"] = args.seed_start
+    if args.max_episodes is not None and args.max_episodes != spec.run.get("max_episodes"):
+        deviations["max_episodes"] = args.max_episodes
+    return deviations
+
+
+def command_argv(spec: ExperimentSpec, args: argparse.Namespace, out: Path) -> list[str]:
+    """The compare, suite or benchmark arguments that make the experiment's runs."""
+    run = dict(spec.run)
+    if args.short:
+        if "short" not in run:
+            raise VcbmGymError(f"--short: experiment {spec.name} declares no short protocol; expected a spec with run.short")
+        run |= run.pop("short")
+    run.pop("short", None)
+    seeds = args.seeds if args.seeds is not None else run.pop("seeds", len(spec.seeds))
+    seed_start = args.seed_start if args.seed_start is not None else spec.seeds.start
+    max_episodes = args.max_episodes if args.max_episodes is not None else run.get("max_episodes")
+    common = ["--workers", str(args.workers), "--out", str(out)] + (["--no-progress"] if args.no_progress else [])
+    common += ["--backend", args.backend] + (["--address", args.address] if args.address else [])
+    hyperparams = ["--hyperparams", *run["hyperparams"]] if run.get("hyperparams") else []
+    seeding = ["--seeds", str(seeds), "--seed-start", str(seed_start)]
+    if spec.kind == "compare":
+        cap = ["--max-episodes", str(max_episodes)] if max_episodes is not None else []
+        return ["--env", run["env"], "--algos", *run["algos"], *seeding, *cap, *common, *hyperparams]
+    if spec.kind == "suite":
+        extra = ["--protocol", run["protocol"]] if run.get("protocol") else []
+        extra += ["--settings", *map(str, run["settings"])] if run.get("settings") else []
+        extra += ["--episodes", str(run["episodes"])] if run.get("episodes") else []
+        if max_episodes is not None:
+            extra += ["--episodes", str(max_episodes)]
+        return ["--experiment", run["experiment"], "--algos", *run["algos"], *seeding, *extra, *common, *hyperparams]
+    if any(v is not None for v in (args.seeds, args.seed_start, args.max_episodes)):
+        raise VcbmGymError(
+            f"experiment {spec.name} runs a benchmark with its own seeds and budget: "
+            "expected no --seeds, --seed-start or --max-episodes"
+        )
+    return [*map(str, run["command"]), "--out", str(out / run["out"]) if run.get("out") else str(out)]
+
+
+def check_out(spec: ExperimentSpec, out: Path, record: dict[str, Any]) -> None:
+    """Refuse an --out that holds results of another version of the spec or other deviations: never pooled."""
+    path = out / specs.RECORD_FILE
+    if not path.is_file():
+        return
+    earlier = cli.read_json_object(path, "experiment record")
+    same = earlier.get("experiment") == record["experiment"] and earlier.get("spec_hash") == record["spec_hash"]
+    if not same or earlier.get("deviations") != record["deviations"]:
+        raise VcbmGymError(
+            f"--out {str(out)!r} holds results of experiment {earlier.get('experiment')!r} at spec hash "
+            f"{str(earlier.get('spec_hash'))[:12]} with deviations {earlier.get('deviations')}; this run is "
+            f"{record['experiment']!r} at {record['spec_hash'][:12]} with {record['deviations']}: results of different specs "
+            "are never pooled; expected a new --out"
+        )
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    spec = specs.load_spec(args.name)
+    cli.check_int(args.workers, "--workers", 1, MAX_WORKERS)
+    if args.seeds is not None:
+        cli.check_int(args.seeds, "--seeds", 1, MAX_SEEDS)
+    if args.seed_start is not None:
+        cli.check_seed(args.seed_start, "--seed-start")
+    if args.max_episodes is not None:
+        cli.check_int(args.max_episodes, "--max-episodes", 1)
+    out = Path(args.out).resolve()
+    argv = command_argv(spec, args, out)
+    record = specs.run_record(spec, deviations_of(spec, args))
+    check_out(spec, out, record)
+    if spec.kind == "script":
+        execute_script(spec, argv, out, record)
+        return
+    from algorithms.experiment import compare, suite
+
+    command = compare.run if spec.kind == "compare" else suite.run
+    existed = out.exists()
+    try:
+        command(argv)  # checks every argument before it writes --out
+    finally:
+        if out.is_dir() and (existed or any(out.iterdir())):
+            cli.atomic_write_json(out / specs.RECORD_FILE, record)
+    score = f"python -m algorithms.experiment report {args.name} --results {out}"
+    print(f"experiment {spec.name}: results in {out}; score them with: {score}")
+
+
+def execute_script(spec: ExperimentSpec, argv: list[str], out: Path, record: dict[str, Any]) -> None:
+    """A benchmark with its own harness, run as a child process (it stops when the engine stops)."""
+    cli.output_dir(out, "--out")
+    cli.atomic_write_json(out / specs.RECORD_FILE, record)
+    script = specs.REPO / argv[0]
+    command = [sys.executable, str(script), *argv[1:]] if script.suffix == ".py" else [sys.executable, "-m", *argv]
+    process = subprocess.Popen(command, cwd=specs.REPO)
+    try:
+        code = process.wait()
+    except BaseException:
+        process.terminate()
+        process.wait()
+        raise
+    if code != 0:
+        raise VcbmGymError(f"experiment {spec.name}: its benchmark {argv[0]} exited with {code}; expected 0")
+
+
+COMMANDS = {"list": cmd_list, "plan": cmd_plan, "report": cmd_report, "verdicts": cmd_verdicts, "run": cmd_run}
+
+
+def run(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    COMMANDS[args.command](args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return cli.main(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

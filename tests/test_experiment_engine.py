@@ -1,0 +1,189 @@
+"""The experiment engine: registered specs, their registration, the measures, the verdicts and the verdict table."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from algorithms.common.errors import VcbmGymError
+from algorithms.experiment import engine, specs, verdict
+from algorithms.experiment.measures import MEASURES
+from algorithms.llm.loss import OBJECTIVES
+from vcbm_gym.credit.ccpo import TWO_ROLE_CREDITS
+from vcbm_gym.credit.empo import RATIO_SHARING_MODES
+from vcbm_gym.credit.registry import RULES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_spec_loads_and_every_published_output_belongs_to_one():
+    names = specs.spec_names()
+    loaded = [specs.load_spec(name) for name in names]
+    claims = specs.load_claims()
+    published = {spec.results for spec in loaded if spec.results is not None}
+    for spec in loaded:
+        assert spec.results is None or (REPO / spec.results).exists(), spec.name
+        for comparison in spec.comparisons:
+            assert comparison.claim in claims, (spec.name, comparison.claim)
+    speed = {"llm_throughput", "llm_training_pass", "llm_old_logps", "sac_speed_levers", "sac_speed_levers_cuda"}
+    for path in sorted((REPO / "benchmarks" / "results").iterdir()):
+        relative = path.relative_to(REPO)
+        if path.suffix == ".md" and path.with_suffix(".json").exists():
+            continue  # a results file's own table
+        if path.stem in speed:
+            continue  # speed micro-benchmarks: ratios side by side, no claim
+        assert relative in published, f"{relative} is published but no experiment spec names it"
+
+
+def test_every_rule_objective_and_ratio_sharing_of_the_registry_has_a_claim_row():
+    names = {name for claim in specs.load_claims().values() for name in claim["names"]}
+    shipped = set(RULES) | set(OBJECTIVES) | {"effect"} | (set(TWO_ROLE_CREDITS) - {"grpo"})
+    assert shipped - names == set()
+    assert set(RATIO_SHARING_MODES) - {"none", "random"} == {"effect"}  # random is EMPO's own ablation
+
+
+def test_the_verdict_table_has_one_row_per_claim_with_untested_ones():
+    all_specs, scores = engine.all_scores()
+    claims = specs.load_claims()
+    rows = verdict.verdict_rows(all_specs, scores, claims)
+    assert [row["claim_id"] for row in rows] == list(claims)
+    table = verdict.verdict_table(rows)
+    assert table.count("\n") == len(claims) + 2
+    by_id = {row["claim_id"]: row for row in rows}
+    assert by_id["gigpo-beats-grpo"]["verdict"] == "untested" and by_id["empo-beats-grpo"]["verdict"] == "untested"
+    assert by_id["vcbm-table2"]["verdict"] == "reproduced"  # the committed Table II: 20 seeds each
+    headline = verdict.verdict_table(rows, headline_only=True)
+    assert "untested" not in headline and "Table II" in headline
+
+
+def test_detectable_effect_is_the_null_interval_of_the_probability_of_improvement():
+    # Var(U / (n1 n2)) = (n1 + n2 + 1) / (12 n1 n2) under no effect: at 20 vs 20, 41 / 4800
+    assert verdict.detectable_effect(20, 20) == pytest.approx(1.959964 * math.sqrt(41 / 4800), rel=1e-6)
+    assert verdict.detectable_effect(3, 3) == pytest.approx(1.959964 * math.sqrt(7 / 108), rel=1e-6)
+    assert verdict.detectable_effect(40, 40) < verdict.detectable_effect(10, 10) < verdict.detectable_effect(3, 3)
+
+
+@pytest.mark.parametrize(
+    ("x", "y", "higher", "expected"),
+    [
+        ([3.0, 4.0, 5.0], [0.0, 1.0, 2.0], True, "not reproduced"),  # every pair agrees, yet exact p = 0.1 at 3 vs 3
+        ([5.0, 6.0, 7.0, 8.0, 9.0], [0.0, 1.0, 2.0, 3.0, 4.0], True, "reproduced"),  # exact p = 2 / 252
+        ([5.0, 6.0, 7.0, 8.0, 9.0], [0.0, 1.0, 2.0, 3.0, 4.0], False, "reversed"),  # the same values, lower is better
+        ([1.0, 5.0, 2.0, 6.0, 3.0], [4.0, 0.0, 7.0, 2.5, 8.0], True, "not reproduced"),
+    ],
+)
+def test_a_verdict_needs_the_interval_and_the_test_on_the_papers_side(x, y, higher, expected):
+    result = verdict._compare_values(x, y, higher_is_better=higher)
+    assert result["verdict"] == expected
+
+
+def test_exact_p_of_three_against_three():
+    assert verdict.verdict_p([3.0, 4.0, 5.0], [0.0, 1.0, 2.0]) == pytest.approx(0.1)
+    assert verdict.verdict_p([5.0, 6.0, 7.0, 8.0, 9.0], [0.0, 1.0, 2.0, 3.0, 4.0]) == pytest.approx(2 / 252)
+
+
+def test_the_committed_table_ii_is_scored_from_its_per_seed_episodes():
+    spec = specs.load_spec("table2")
+    results = json.loads((REPO / "benchmarks/results/table2/results.json").read_text())
+    scored = verdict.score(spec)
+    (comparison,) = scored["comparisons"]
+    vcbm, rudder = results["algos"]["vcbm"]["episodes_for_stats"], results["algos"]["rudder"]["episodes_for_stats"]
+    pairs = sum((a < b) + 0.5 * (a == b) for a in vcbm for b in rudder)
+    assert comparison["probability_of_improvement"]["estimate"] == pytest.approx(pairs / (len(vcbm) * len(rudder)))
+    assert comparison["treatment"]["median"] == pytest.approx(1202.5)  # the published median of VCBM's 20 seeds
+    assert scored["status"] == "predates-spec"
+
+
+def _write_spec(path: Path, **changes) -> Path:
+    data = {
+        "title": "VCBM against Monte Carlo, a tiny check",
+        "kind": "compare",
+        "run": {"env": "WatchRepair-v0", "algos": ["vcbm", "mc"], "max_episodes": 40},
+        "seeds": {"start": 0, "n": 2},
+        "budget": {"ours": "40 episodes", "paper": "until convergence"},
+        "measure": {"name": "episodes_to_converge"},
+        "comparisons": [{"claim": "vcbm-table2", "treatment": "vcbm", "control": "mc"}],
+    } | changes
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_a_spec_changed_after_its_first_run_is_never_pooled(tmp_path, capsys):
+    spec_file = _write_spec(tmp_path / "mine.yml")
+    out = tmp_path / "out"
+    assert engine.main(["run", str(spec_file), "--out", str(out), "--workers", "1", "--no-progress"]) == 0
+    record = json.loads((out / specs.RECORD_FILE).read_text())
+    assert record["spec_hash"] == specs.load_spec(str(spec_file)).hash and record["deviations"] == {}
+    assert verdict.score(specs.load_spec(str(spec_file)), out)["status"] == "unregistered"  # outside the repository
+    _write_spec(spec_file, budget={"ours": "40 episodes, edited after the run", "paper": "until convergence"})
+    capsys.readouterr()
+    assert engine.main(["run", str(spec_file), "--out", str(out), "--workers", "1", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "never pooled" in err
+    scored = verdict.score(specs.load_spec(str(spec_file)), out)
+    assert scored["status"] == "changed" and [c["verdict"] for c in scored["comparisons"]] == ["untested"]
+    # a deviating command into the same --out is refused as well: its runs are not the spec's
+    assert engine.main(["run", str(spec_file), "--out", str(out), "--seeds", "1", "--no-progress"]) == 2
+
+
+@pytest.mark.slow
+def test_run_table2_gives_the_per_seed_episodes_of_compare(tmp_path):
+    from algorithms.experiment import compare
+
+    argv = ["--seeds", "2", "--max-episodes", "150", "--workers", "2", "--no-progress"]
+    assert engine.main(["run", "table2", "--out", str(tmp_path / "engine"), *argv]) == 0
+    assert compare.main(["--env", "WatchRepair-v0", "--algos", "vcbm", "rudder", "--out", str(tmp_path / "compare"), *argv]) == 0
+    via_engine = json.loads((tmp_path / "engine" / "results.json").read_text())
+    direct = json.loads((tmp_path / "compare" / "results.json").read_text())
+    for algo in ("vcbm", "rudder"):
+        for key in ("episodes_to_converge", "final_correct_rate", "seeds"):
+            assert via_engine["algos"][algo][key] == direct["algos"][algo][key], (algo, key)
+    record = json.loads((tmp_path / "engine" / specs.RECORD_FILE).read_text())
+    assert record["deviations"] == {"seeds": 2, "max_episodes": 150}
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"kind": "sweep"}, "kind='sweep'"),
+        ({"seeds": {"start": 0, "n": 0}}, "expected start >= 0 and n >= 1"),
+        ({"measure": {"name": "vibes"}}, "measure 'vibes'"),
+        ({"tuning": {"by": "a pilot", "seeds": {"start": 1, "n": 5}}}, "both chose the settings and test them"),
+        ({"budget": {"ours": "x"}}, "budget="),
+        ({"comparisons": [{"claim": "x", "treatment": "a"}]}, "expected {claim, treatment, control"),
+    ],
+)
+def test_a_bad_spec_is_one_line_naming_the_field(tmp_path, change, fragment):
+    path = _write_spec(tmp_path / "bad.yml", **change)
+    with pytest.raises(VcbmGymError, match="experiment spec") as info:
+        specs.load_spec(str(path))
+    assert fragment in str(info.value) and "\n" not in str(info.value)
+
+
+def test_plan_prints_cost_and_detectable_effect(capsys):
+    assert engine.main(["plan", "table2", "--seeds", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "80 runs" in out and f"0.5 +- {verdict.detectable_effect(40, 40):.2f}" in out and "core-hours" in out
+
+
+def test_every_measure_is_named_by_some_spec():
+    used = {specs.load_spec(name).measure["name"] for name in specs.spec_names()}
+    assert used == set(MEASURES)
+
+
+def test_unknown_experiment_is_one_line(capsys):
+    assert engine.main(["report", "nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: unknown experiment 'nope'; expected one of:") and "table2" in err
+
+
+def test_the_readme_shows_the_generated_headline_verdicts(capsys):
+    assert engine.main(["verdicts", "--headline"]) == 0
+    generated = capsys.readouterr().out
+    readme = (REPO / "README.md").read_text()
+    block = readme[readme.index("<!-- verdicts:start") : readme.index("<!-- verdicts:end -->")]
+    assert block.split("\n", 1)[1] == generated  # regenerate: python -m algorithms.experiment verdicts --headline
