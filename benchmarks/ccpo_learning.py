@@ -63,10 +63,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from llm_learning import START_S, Job, makespan, mean_ci, run_reusing  # noqa: E402
-
 from algorithms.common import cli  # noqa: E402
 from algorithms.common.errors import VcbmGymError  # noqa: E402
+from algorithms.experiment.llm_study import START_S, Job, makespan, mean_ci, run_reusing  # noqa: E402
 
 ENV_ID = "TextThinkSolve-v0"
 METHODS = ("grpo", "ccpo", "sepo", "shapley")

@@ -58,7 +58,7 @@ The table at commit 94f0920 (twr-paper at 180 iterations) ran whole in one invoc
 planned at 77 minutes with the rates before it (0.48 s, 0.45 s and 4.1 s per iteration): this machine's speed
 varies by 11-24% from day to day, which is why the rates above are that slow day's.
 
-How the settings were chosen (pilots: benchmarks/results/llm_learning_pilots/PILOTS.md, on seeds 100-104,
+How the settings were chosen (pilots: docs/notes/2026-12-02-llm-learning-tuning.md, on seeds 100-104,
 200-203 and 300-303, outside the benchmark's 0-9), before the committed 10-seed run. Two earlier 10-seed runs (of commits before
 the outcome seeds) left loop at 7/10 and 3/10 seeds at 90% at noise 0.25 and 1.0, and the workshop at 2/5:
 there the K rollouts of a task shared one draw of the noise, so a group's contrast between repairing and
@@ -102,14 +102,12 @@ Outputs in OUT (each written atomically):
 """
 
 import argparse
-import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -118,10 +116,21 @@ sys.path.insert(0, str(REPO))
 
 from algorithms.common import cli  # noqa: E402
 from algorithms.common.errors import VcbmGymError  # noqa: E402
-from algorithms.experiment import executor  # noqa: E402
+from algorithms.experiment.llm_study import (  # noqa: E402
+    START_S,
+    TARGET,
+    Job,
+    final_rate,
+    finished_history,
+    iterations_to_target,
+    makespan,
+    mean_ci,
+    run_reusing,
+    train_one,
+)
 
-TARGET = 0.9
-START_S = 12.0  # CPU seconds of a run's process start, imports, model load and log writing (measured: 11)
+__all__ = ["START_S", "TARGET", "Job", "final_rate", "finished_history", "iterations_to_target", "makespan", "mean_ci",
+           "run_reusing", "train_one"]  # fmt: skip  # the shared harness, as branch_credit reads it from here
 
 
 @dataclass(frozen=True)
@@ -213,69 +222,6 @@ def run_argv(setting: Setting, method: str, seed: int, iterations: int, log_dir:
         *setting.hyperparams(),
         *extra,
     ]
-
-
-@dataclass(frozen=True)
-class Job:
-    setting: str
-    method: str
-    seed: int
-    argv: tuple[str, ...]
-    log_dir: str
-    warm_start: str
-    cost_s: float
-
-
-def finished_history(job: Job) -> tuple[list[dict] | None, str]:
-    """(history, "") when job.log_dir holds a finished run of exactly this config and warm-start, else (None, why not)."""
-    from algorithms.train import finished_summary, resolve_argv
-
-    log = Path(job.log_dir)
-    summary, why = finished_summary(log, resolve_argv(list(job.argv)))
-    if summary is None:
-        return None, why
-    try:
-        request = json.loads((log / "request.json").read_text())
-        history = json.loads((log / "history.json").read_text())
-    except (OSError, ValueError):
-        return None, "no request.json or history.json"
-    if request.get("warm_start") != job.warm_start:
-        return None, f"made with warm-start {request.get('warm_start')!r}"
-    return history, ""
-
-
-def train_one(job: Job) -> None:
-    """One job of the executor (a spawned process): train the run into its log dir, replacing what is there."""
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    import contextlib
-    import io
-
-    from algorithms.train import run
-
-    log = Path(job.log_dir)
-    shutil.rmtree(log, ignore_errors=True)  # never let an old result stand beside a new request
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        run(list(job.argv))
-    cli.atomic_write_json(log / "request.json", {"argv": list(job.argv), "warm_start": job.warm_start})
-
-
-def iterations_to_target(rates: np.ndarray, window: int, target: float = TARGET) -> tuple[int, bool]:
-    """First iteration (1-based) whose trailing mean over `window` iterations is >= target; else (budget, False)."""
-    for i in range(window, len(rates) + 1):
-        if rates[i - window : i].mean() >= target:
-            return i, True
-    return len(rates), False
-
-
-def mean_ci(curves: np.ndarray) -> tuple[list[float], list[float], list[float]]:
-    """Per-iteration mean and 95% t-interval across seeds (rows)."""
-    from scipy import stats
-
-    mean = curves.mean(axis=0)
-    if curves.shape[0] < 2:
-        return mean.tolist(), mean.tolist(), mean.tolist()
-    half = stats.t.ppf(0.975, curves.shape[0] - 1) * curves.std(axis=0, ddof=1) / np.sqrt(curves.shape[0])
-    return mean.tolist(), (mean - half).tolist(), (mean + half).tolist()
 
 
 def comparisons(methods: dict[str, dict]) -> dict[str, dict]:
@@ -442,14 +388,6 @@ def plan(settings: Sequence[str], seeds: int | None, iterations: int | None, met
     return sorted(rows, key=lambda row: -row[4])
 
 
-def makespan(costs: Sequence[float], workers: int) -> float:
-    """Wall time of runs of these costs on `workers` processes, each run started when a worker frees (longest first)."""
-    free = [0.0] * workers
-    for cost in sorted(costs, reverse=True):
-        free[free.index(min(free))] += cost
-    return max(free)
-
-
 def estimate_text(rows: list, workers: int) -> str:
     lines = []
     for name in dict.fromkeys(row[0] for row in rows):
@@ -516,52 +454,6 @@ def check_args(args: argparse.Namespace) -> None:
                     run_argv(setting, method, 0, args.iterations or setting.iterations, Path("unused"), args.hyperparams)
                 )
     cli.check_output_dir(args.out, "--out")
-
-
-def run_reusing(jobs: list[Job], workers: int, start: float, describe: Callable[[list[dict]], str]) -> tuple[dict, int]:
-    """Every job's history: a finished run of the same config is reused, the others train on `workers` processes (a
-    stop keeps the finished ones; a failed run is one line after the others end). (histories, how many were reused);
-    `describe(history)` words a run's progress line. Shared by the LLM learning benchmarks."""
-    histories: dict[Job, list] = {}
-    stale = []
-    for job in jobs:
-        history, why = finished_history(job)
-        if history is not None:
-            histories[job] = history
-        elif why != "new":
-            stale.append(f"{job.setting} {job.method} seed {job.seed}: {why}")
-    reused = len(histories)
-    todo = [job for job in jobs if job not in histories]
-    print(f"reusing {reused} finished run(s) of the same config; {len(todo)} to run", flush=True)
-    if stale:
-        print(f"rerunning {len(stale)} run(s): " + "; ".join(stale[:3]) + (" ..." if len(stale) > 3 else ""), flush=True)
-    failures: list[str] = []
-
-    def finished(job: Job, result: Any, error: str | None) -> None:
-        history, why = finished_history(job) if error is None else (None, error)
-        if history is None:
-            failures.append(f"{job.setting} {job.method} seed {job.seed}: {why}")
-            return
-        histories[job] = history
-        print(
-            f"[{len(histories) - reused}/{len(todo)}] {job.setting} {job.method} seed {job.seed}: {describe(history)} "
-            f"({time.perf_counter() - start:.0f} s)",
-            flush=True,
-        )
-
-    with executor.sigterm_stops():
-        try:
-            executor.run_jobs(train_one, todo, workers=workers, finished=finished)
-        except executor.STOPS as exc:
-            raise executor.stopped(exc, f"{len(histories)} of {len(jobs)} run(s) kept") from None
-    if failures:
-        raise VcbmGymError(f"{len(failures)} run(s) failed (finished ones are kept): " + "; ".join(failures))
-    return histories, reused
-
-
-def final_rate(history: list[dict]) -> str:
-    """A run's progress line: its last iteration's rate of optimal decisions."""
-    return f"final optimal rate {history[-1].get('task_goal_completion', float('nan')):.2f}"
 
 
 def run(argv: Sequence[str]) -> dict[str, Any]:

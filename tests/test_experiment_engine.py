@@ -187,3 +187,10 @@ def test_the_readme_shows_the_generated_headline_verdicts(capsys):
     readme = (REPO / "README.md").read_text()
     block = readme[readme.index("<!-- verdicts:start") : readme.index("<!-- verdicts:end -->")]
     assert block.split("\n", 1)[1] == generated  # regenerate: python -m algorithms.experiment verdicts --headline
+
+
+def test_a_run_refused_by_its_command_leaves_nothing(tmp_path, capsys):
+    spec_file = _write_spec(tmp_path / "bad_algo.yml", run={"env": "WatchRepair-v0", "algos": ["vcbm", "nope"]})
+    out = tmp_path / "out"
+    assert engine.main(["run", str(spec_file), "--out", str(out), "--no-progress"]) == 2
+    assert "unknown algo 'nope'" in capsys.readouterr().err and not out.exists()

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from algorithms.common import cli
 from algorithms.common.errors import VcbmGymError
-from algorithms.experiment import specs, verdict
+from algorithms.experiment import llm_study, specs, verdict
 from algorithms.experiment.specs import ExperimentSpec
 
 MAX_SEEDS = 10_000  # per method, as compare and suite accept (algorithms.experiment.jobs)
@@ -75,6 +75,9 @@ def measured_seconds_per_run(spec: ExperimentSpec) -> float | None:
     elif where is not None and where.is_file():
         record = json.loads(where.read_text()).get("run")
     if not isinstance(record, dict):
+        if spec.kind == "llm":  # the spec's measured rate per iteration, plus a run's start
+            iterations = max(s["iterations"] for s in spec.run["settings"].values())
+            return llm_study.START_S + iterations * float(spec.run.get("seconds_per_iteration", 1.0))
         return None
     if record.get("run_time_s_sum") and record.get("runs"):
         return float(record["run_time_s_sum"]) / int(record["runs"])
@@ -86,6 +89,8 @@ def measured_seconds_per_run(spec: ExperimentSpec) -> float | None:
 def runs_of(spec: ExperimentSpec, seeds: int) -> int:
     if spec.kind == "script":
         return 1
+    if spec.kind == "llm":
+        return len(spec.run["settings"]) * len(spec.run["methods"]) * seeds
     methods = len(spec.run.get("algos", spec.methods))
     settings = len(spec.run.get("settings", [None])) if spec.kind == "suite" else 1
     return methods * settings * seeds
@@ -98,7 +103,8 @@ def cmd_plan(args: argparse.Namespace) -> None:
     runs = runs_of(spec, n)
     rate = measured_seconds_per_run(spec)
     print(f"{spec.name}: {spec.title}")
-    print(f"  kind {spec.kind}; methods {', '.join(spec.run.get('algos', spec.methods))}; seeds {n} per method")
+    methods = spec.run.get("algos", list(spec.run.get("methods", spec.methods)))
+    print(f"  kind {spec.kind}; methods {', '.join(methods)}; seeds {n} per method")
     what = "benchmark invocation" if spec.kind == "script" else "runs"
     if rate is None:
         print(f"  {runs} {what}; cost: no measured rate (no committed run record)")
@@ -163,6 +169,13 @@ def command_argv(spec: ExperimentSpec, args: argparse.Namespace, out: Path) -> l
     common += ["--backend", args.backend] + (["--address", args.address] if args.address else [])
     hyperparams = ["--hyperparams", *run["hyperparams"]] if run.get("hyperparams") else []
     seeding = ["--seeds", str(seeds), "--seed-start", str(seed_start)]
+    if spec.kind == "llm":
+        if args.max_episodes is not None:
+            raise VcbmGymError(f"--max-episodes: experiment {spec.name} trains for iterations; expected none")
+        if args.short and "short" not in run:
+            raise VcbmGymError(f"--short: experiment {spec.name} declares no short protocol; expected a spec with run.short")
+        llm_study.settings_of(spec.run), llm_study.methods_of(spec.run)  # checked before anything is written
+        return []
     if spec.kind == "compare":
         cap = ["--max-episodes", str(max_episodes)] if max_episodes is not None else []
         return ["--env", run["env"], "--algos", *run["algos"], *seeding, *cap, *common, *hyperparams]
@@ -213,15 +226,28 @@ def cmd_run(args: argparse.Namespace) -> None:
     if spec.kind == "script":
         execute_script(spec, argv, out, record)
         return
-    from algorithms.experiment import compare, suite
+    from algorithms.experiment import compare, llm_study, suite
 
-    command = compare.run if spec.kind == "compare" else suite.run
-    existed = out.exists()
+    if spec.kind == "llm":
+
+        def command(_: list[str]) -> Any:
+            short = spec.run.get("short", {}) if args.short else {}
+            n = args.seeds or short.get("seeds") or len(spec.seeds)
+            first = args.seed_start if args.seed_start is not None else spec.seeds.start
+            seeds = range(first, first + n)
+            return llm_study.run_study(spec.run, seeds, out, args.workers, short.get("iterations"))
+    else:
+        command = compare.run if spec.kind == "compare" else suite.run
+    created = not out.exists()
+    cli.output_dir(out, "--out")
+    cli.atomic_write_json(out / specs.RECORD_FILE, record)  # before any run: a stopped run resumes under its spec
     try:
-        command(argv)  # checks every argument before it writes --out
-    finally:
-        if out.is_dir() and (existed or any(out.iterdir())):
-            cli.atomic_write_json(out / specs.RECORD_FILE, record)
+        command(argv)
+    except VcbmGymError:
+        if created and [p.name for p in out.iterdir()] == [specs.RECORD_FILE]:  # refused before any run: leave nothing
+            (out / specs.RECORD_FILE).unlink()
+            out.rmdir()
+        raise
     score = f"python -m algorithms.experiment report {args.name} --results {out}"
     print(f"experiment {spec.name}: results in {out}; score them with: {score}")
 

@@ -1,7 +1,7 @@
 """An experiment as data: a registered spec file, `zoo_configs/experiments/<name>.yml`, and the claims it tests.
 
-A spec names the paper claim(s) it tests, how its runs are made (`kind`: `compare`, `suite` or `script`, with
-that command's settings under `run`), its seeds (declared, and disjoint from the seeds that chose its settings,
+A spec names the paper claim(s) it tests, how its runs are made (`kind`: `compare`, `suite` or `llm` or
+`script`, with that command's settings under `run`), its seeds (declared, and disjoint from the seeds that chose its settings,
 `tuning.seeds`), its budget beside the paper's, the measure it scores (algorithms.experiment.measures) and the
 comparisons that decide each claim. `zoo_configs/experiments/claims.yml` lists every paper claim of every rule,
 objective and algo the zoo ships, tested or not.
@@ -28,7 +28,7 @@ from algorithms.common.errors import VcbmGymError
 REPO = Path(__file__).resolve().parents[2]
 SPEC_DIR = REPO / "zoo_configs" / "experiments"
 CLAIMS_FILE = SPEC_DIR / "claims.yml"
-KINDS = ("compare", "suite", "script")
+KINDS = ("compare", "suite", "llm", "script")
 SPEC_KEYS = {"title", "kind", "run", "seeds", "tuning", "budget", "measure", "comparisons", "results", "notes"}
 CLAIM_KEYS = {"paper", "claim", "names"}
 RECORD_FILE = "experiment.json"  # what the engine records beside a run's results

@@ -1,0 +1,307 @@
+"""An LLM-arm learning study as data: settings and methods from an experiment spec (kind `llm`), seeds from its seeds.
+
+Each (setting, method, seed) is one `python -m algorithms.train` run of the warm-started tiny model (`--model tiny`,
+full fine-tuning) with the zoo entry of its env and algo, plus the setting's hyperparameters (the same for every
+method of a setting, so that only the method's own arguments differ) and the method's (`algo`, `credit`,
+`hyperparams`: e.g. `objective=gspo` or `ratio_sharing=effect`). A spec's `run`:
+
+    settings: {NAME: {env, noise_scale, iterations, turns, rollouts, group, epochs, learning_rate}}
+    methods: {LABEL: {algo: loop, credit: grpo, hyperparams: ["ratio_sharing=effect"]}}
+    window: 5          # iterations averaged for the target criterion
+    seconds_per_iteration: 0.53   # measured, for `plan`
+
+Per seed the study records iterations until the trailing mean of the optimal-decision rate over `window` iterations
+first reaches 90% (censored at the budget: a lower bound, in the run's favour) and the final optimal rate (the mean of
+the last `window` iterations). A run is reused when its log dir holds a finished run of the same resolved config and
+warm-start model; the others train on the executor's worker processes. The helpers the LLM benchmarks share (jobs,
+reuse, the target criterion, t-intervals) live here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from algorithms.common import cli
+from algorithms.common.errors import VcbmGymError
+from algorithms.experiment import executor
+
+TARGET = 0.9
+START_S = 12.0  # CPU seconds of a run's process start, imports, model load and log writing (measured: 11)
+SETTING_KEYS = ("env", "noise_scale", "iterations", "turns", "rollouts", "group", "epochs", "learning_rate")
+METHOD_KEYS = {"algo", "credit", "hyperparams"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    env_id: str
+    noise_scale: float
+    iterations: int
+    turns: int  # TextWatchRepair's max_turns, or the workshop's n_stations (one station per turn)
+    rollouts: int  # generation_batch_size: rollouts per iteration
+    group: int  # num_generations: K rollouts per task (the LOO group)
+    epochs: int  # num_iterations: optimizer steps over each batch
+    learning_rate: float
+
+    def hyperparams(self) -> list[str]:
+        key = "max_turns" if self.env_id == "TextWatchRepair-v0" else "n_stations"
+        return [
+            f"env_kwargs={{{key}: {self.turns}, noise_scale: {self.noise_scale}}}",
+            f"max_turns={self.turns}",
+            f"generation_batch_size={self.rollouts}",
+            f"num_generations={self.group}",
+            f"num_iterations={self.epochs}",
+            f"learning_rate={self.learning_rate}",
+        ]
+
+
+@dataclass(frozen=True)
+class Method:
+    algo: str
+    credit: str | None = None
+    hyperparams: tuple[str, ...] = ()
+
+    def argv(self) -> list[str]:
+        return ["--algo", self.algo, *(["--credit", self.credit] if self.credit else [])]
+
+
+@dataclass(frozen=True)
+class Job:
+    setting: str
+    method: str
+    seed: int
+    argv: tuple[str, ...]
+    log_dir: str
+    warm_start: str
+    cost_s: float
+
+
+def settings_of(run: dict[str, Any]) -> dict[str, Setting]:
+    settings = run.get("settings")
+    if not isinstance(settings, dict) or not settings:
+        raise VcbmGymError(f"run.settings={settings!r}: expected {{NAME: {{{', '.join(SETTING_KEYS)}}}}}")
+    out = {}
+    for name, s in settings.items():
+        if not isinstance(s, dict) or set(s) != set(SETTING_KEYS):
+            raise VcbmGymError(f"run.settings.{name}={s!r}: expected exactly the keys {', '.join(SETTING_KEYS)}")
+        out[name] = Setting(
+            s["env"], float(s["noise_scale"]), int(s["iterations"]), int(s["turns"]), int(s["rollouts"]), int(s["group"]),
+            int(s["epochs"]), float(s["learning_rate"]),
+        )  # fmt: skip
+    return out
+
+
+def methods_of(run: dict[str, Any]) -> dict[str, Method]:
+    methods = run.get("methods")
+    if not isinstance(methods, dict) or not methods:
+        raise VcbmGymError(f"run.methods={methods!r}: expected {{LABEL: {{algo[, credit, hyperparams]}}}}")
+    out = {}
+    for label, m in methods.items():
+        if not isinstance(m, dict) or "algo" not in m or not set(m) <= METHOD_KEYS:
+            raise VcbmGymError(f"run.methods.{label}={m!r}: expected {{algo[, credit, hyperparams]}}")
+        out[label] = Method(m["algo"], m.get("credit"), tuple(map(str, m.get("hyperparams") or ())))
+    return out
+
+
+def run_argv(setting: Setting, method: Method, seed: int, iterations: int, log_dir: Path) -> list[str]:
+    """The `algorithms.train` command line of one run."""
+    return [
+        *method.argv(), "--env", setting.env_id, "--seed", str(seed), "--model", "tiny", "--iterations", str(iterations),
+        "--no-progress", "--log-dir", str(log_dir), "--hyperparams", *setting.hyperparams(), *method.hyperparams,
+    ]  # fmt: skip
+
+
+def iterations_to_target(rates: np.ndarray, window: int, target: float = TARGET) -> tuple[int, bool]:
+    """First iteration (1-based) whose trailing mean over `window` iterations is >= target; else (budget, False)."""
+    for i in range(window, len(rates) + 1):
+        if rates[i - window : i].mean() >= target:
+            return i, True
+    return len(rates), False
+
+
+def mean_ci(curves: np.ndarray) -> tuple[list[float], list[float], list[float]]:
+    """Per-iteration mean and 95% t-interval across seeds (rows)."""
+    from scipy import stats
+
+    mean = curves.mean(axis=0)
+    if curves.shape[0] < 2:
+        return mean.tolist(), mean.tolist(), mean.tolist()
+    half = stats.t.ppf(0.975, curves.shape[0] - 1) * curves.std(axis=0, ddof=1) / np.sqrt(curves.shape[0])
+    return mean.tolist(), (mean - half).tolist(), (mean + half).tolist()
+
+
+def makespan(costs: Sequence[float], workers: int) -> float:
+    """Wall time of runs of these costs on `workers` processes, each run started when a worker frees (longest first)."""
+    free = [0.0] * workers
+    for cost in sorted(costs, reverse=True):
+        free[free.index(min(free))] += cost
+    return max(free)
+
+
+def finished_history(job: Job) -> tuple[list[dict] | None, str]:
+    """(history, "") when job.log_dir holds a finished run of exactly this config and warm-start, else (None, why not)."""
+    from algorithms.train import finished_summary, resolve_argv
+
+    log = Path(job.log_dir)
+    summary, why = finished_summary(log, resolve_argv(list(job.argv)))
+    if summary is None:
+        return None, why
+    try:
+        request = json.loads((log / "request.json").read_text())
+        history = json.loads((log / "history.json").read_text())
+    except (OSError, ValueError):
+        return None, "no request.json or history.json"
+    if request.get("warm_start") != job.warm_start:
+        return None, f"made with warm-start {request.get('warm_start')!r}"
+    return history, ""
+
+
+def train_one(job: Job) -> None:
+    """One job of the executor (a spawned process): train the run into its log dir, replacing what is there."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from algorithms.train import run
+
+    log = Path(job.log_dir)
+    shutil.rmtree(log, ignore_errors=True)  # never let an old result stand beside a new request
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        run(list(job.argv))
+    cli.atomic_write_json(log / "request.json", {"argv": list(job.argv), "warm_start": job.warm_start})
+
+
+def final_rate(history: list[dict]) -> str:
+    """A run's progress line: its last iteration's rate of optimal decisions."""
+    return f"final optimal rate {history[-1].get('task_goal_completion', float('nan')):.2f}"
+
+
+def run_reusing(jobs: list[Job], workers: int, start: float, describe: Callable[[list[dict]], str]) -> tuple[dict, int]:
+    """Every job's history: a finished run of the same config is reused, the others train on `workers` processes (a
+    stop keeps the finished ones; a failed run is one line after the others end). (histories, how many were reused);
+    `describe(history)` words a run's progress line."""
+    histories: dict[Job, list] = {}
+    stale = []
+    for job in jobs:
+        history, why = finished_history(job)
+        if history is not None:
+            histories[job] = history
+        elif why != "new":
+            stale.append(f"{job.setting} {job.method} seed {job.seed}: {why}")
+    reused = len(histories)
+    todo = [job for job in jobs if job not in histories]
+    print(f"reusing {reused} finished run(s) of the same config; {len(todo)} to run", flush=True)
+    if stale:
+        print(f"rerunning {len(stale)} run(s): " + "; ".join(stale[:3]) + (" ..." if len(stale) > 3 else ""), flush=True)
+    failures: list[str] = []
+
+    def finished(job: Job, result: Any, error: str | None) -> None:
+        history, why = finished_history(job) if error is None else (None, error)
+        if history is None:
+            failures.append(f"{job.setting} {job.method} seed {job.seed}: {why}")
+            return
+        histories[job] = history
+        print(
+            f"[{len(histories) - reused}/{len(todo)}] {job.setting} {job.method} seed {job.seed}: {describe(history)} "
+            f"({time.perf_counter() - start:.0f} s)",
+            flush=True,
+        )
+
+    with executor.sigterm_stops():
+        try:
+            executor.run_jobs(train_one, todo, workers=workers, finished=finished)
+        except executor.STOPS as exc:
+            raise executor.stopped(exc, f"{len(histories)} of {len(jobs)} run(s) kept") from None
+    if failures:
+        raise VcbmGymError(f"{len(failures)} run(s) failed (finished ones are kept): " + "; ".join(failures))
+    return histories, reused
+
+
+def summarise_method(runs: list[list[dict]], window: int) -> dict[str, Any]:
+    """One method's seeds in one setting: the optimal-rate curve with its t-interval, iterations to the target
+    (censored at the budget) and the final rate, per seed."""
+    rates = np.array([[h.get("task_goal_completion", np.nan) for h in run] for run in runs], dtype=float)
+    hits = [iterations_to_target(rates[k], window) for k in range(len(runs))]
+    return {
+        "seeds": len(runs),
+        "curves": {"task_goal_completion": dict(zip(("mean", "low", "high"), mean_ci(rates)))},
+        "iterations_to_90": [n for n, _ in hits],
+        "reached_90": [ok for _, ok in hits],
+        "final_optimal_rate": [float(r[-window:].mean()) for r in rates],
+        "seconds_per_iteration": float(np.mean([h["iteration_time_s"] for run in runs for h in run])),
+    }
+
+
+def table(results: dict[str, Any], window: int) -> str:
+    lines = [
+        "| setting | method | seeds at 90% | iterations to 90% (per seed, * censored) "
+        f"| final optimal rate (mean of last {window}) | s / iteration |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        for label, m in r["methods"].items():
+            per_seed = ", ".join(f"{n}{'' if ok else '*'}" for n, ok in zip(m["iterations_to_90"], m["reached_90"]))
+            lines.append(
+                f"| {name} | {label} | {sum(m['reached_90'])}/{m['seeds']} | {per_seed} | "
+                f"{np.mean(m['final_optimal_rate']):.3f} | {m['seconds_per_iteration']:.2f} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def plan_jobs(run: dict[str, Any], seeds: range, out: Path, iterations: int | None, warm_start: str) -> list[Job]:
+    """Every (setting, method, seed) of the study, resolved once before any worker starts (a bad method fails here)."""
+    from algorithms.train import resolve_argv
+
+    settings, methods = settings_of(run), methods_of(run)
+    rate = float(run.get("seconds_per_iteration", 1.0))
+    jobs = []
+    for name, setting in settings.items():
+        budget = iterations or setting.iterations
+        for label, method in methods.items():
+            resolve_argv(run_argv(setting, method, seeds.start, budget, out / "unused"))
+            for seed in seeds:
+                log_dir = out / name / label.replace("/", "_") / f"seed{seed}"
+                argv = tuple(run_argv(setting, method, seed, budget, log_dir))
+                jobs.append(Job(name, label, seed, argv, str(log_dir), warm_start, START_S + budget * rate))
+    return sorted(jobs, key=lambda job: -job.cost_s)
+
+
+def run_study(run: dict[str, Any], seeds: range, out: Path, workers: int, iterations: int | None = None) -> dict[str, Any]:
+    """Train every run of the study (reusing finished ones) and write OUT/results.json, results.md and run.json."""
+    settings_of(run), methods_of(run)  # the data checked before anything is built or written
+    window = int(run.get("window", 5))
+    from algorithms.common.provenance import environment_record
+    from algorithms.llm.warm_start import cached_warm_start
+
+    record = environment_record()  # the commit the runs ran on, read before they start
+    warm_start = cached_warm_start().name  # built once, before the workers need it; its name is its key
+    jobs = plan_jobs(run, seeds, out, iterations, warm_start)
+    out = cli.output_dir(out, "--out")
+    start = time.perf_counter()
+    histories, reused = run_reusing(jobs, workers, start, final_rate)
+    wall = time.perf_counter() - start
+    results: dict[str, Any] = {}
+    for name, setting in settings_of(run).items():
+        methods = {}
+        for label in methods_of(run):
+            runs = [histories[j] for j in sorted(jobs, key=lambda j: j.seed) if j.setting == name and j.method == label]
+            methods[label] = summarise_method(runs, window)
+        results[name] = {"env": setting.env_id, "noise_scale": setting.noise_scale,
+                         "iterations": iterations or setting.iterations,
+                         "hyperparameters": setting.hyperparams(), "methods": methods}  # fmt: skip
+    payload = {"warm_start": warm_start, "target": TARGET, "window": window, "seeds": list(seeds), "settings": results}
+    cli.atomic_write_json(out / "results.json", payload)
+    cli.atomic_write_text(out / "results.md", table(results, window))
+    cli.atomic_write_json(
+        out / "run.json",
+        {"wall_time_s": wall, "warm_start": warm_start, "runs": len(jobs), "runs_reused": reused,
+         "run_time_s_sum": sum(h["iteration_time_s"] for j in jobs for h in histories[j]), **record},
+    )  # fmt: skip
+    print(table(results, window))
+    return payload
