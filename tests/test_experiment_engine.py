@@ -194,3 +194,12 @@ def test_a_run_refused_by_its_command_leaves_nothing(tmp_path, capsys):
     out = tmp_path / "out"
     assert engine.main(["run", str(spec_file), "--out", str(out), "--no-progress"]) == 2
     assert "unknown algo 'nope'" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_spec_hash_covers_what_the_experiment_is_and_not_where_it_is_published(tmp_path):
+    base = specs.load_spec(str(_write_spec(tmp_path / "a.yml"))).hash
+    assert specs.load_spec(str(_write_spec(tmp_path / "a.yml", notes="said later", title="renamed"))).hash == base
+    assert specs.load_spec(str(_write_spec(tmp_path / "a.yml", results="benchmarks/results/elsewhere"))).hash == base
+    assert specs.load_spec(str(_write_spec(tmp_path / "a.yml", seeds={"start": 0, "n": 3}))).hash != base
+    extra = [{"claim": "vcbm-table2", "treatment": "mc", "control": "vcbm"}]
+    assert specs.load_spec(str(_write_spec(tmp_path / "a.yml", comparisons=extra))).hash != base

@@ -31,6 +31,7 @@ CLAIMS_FILE = SPEC_DIR / "claims.yml"
 KINDS = ("compare", "suite", "llm", "script")
 SPEC_KEYS = {"title", "kind", "run", "seeds", "tuning", "budget", "measure", "comparisons", "results", "notes"}
 CLAIM_KEYS = {"paper", "claim", "names"}
+UNHASHED = ("title", "notes", "results")
 RECORD_FILE = "experiment.json"  # what the engine records beside a run's results
 
 
@@ -60,8 +61,11 @@ class ExperimentSpec:
 
     @property
     def hash(self) -> str:
-        """sha256 of the parsed spec (comments and layout do not change it)."""
-        return hashlib.sha256(json.dumps(self.data, sort_keys=True).encode()).hexdigest()
+        """sha256 of what the experiment is (its command, seeds, tuning, budget, measure and comparisons): its title,
+        notes and where its results are published may change without making it another experiment; comments and
+        layout never do."""
+        identity = {k: v for k, v in self.data.items() if k not in UNHASHED}
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
     @property
     def settings(self) -> list[str | None]:
