@@ -203,3 +203,19 @@ def test_the_spec_hash_covers_what_the_experiment_is_and_not_where_it_is_publish
     assert specs.load_spec(str(_write_spec(tmp_path / "a.yml", seeds={"start": 0, "n": 3}))).hash != base
     extra = [{"claim": "vcbm-table2", "treatment": "mc", "control": "vcbm"}]
     assert specs.load_spec(str(_write_spec(tmp_path / "a.yml", comparisons=extra))).hash != base
+
+
+def test_your_own_spec_runs_and_reports_its_verdict_rows_beside_the_zoos(tmp_path, capsys):
+    own = {"mine-vcbm-vs-mc": {"paper": "My note", "claim": "VCBM needs fewer episodes than Monte Carlo", "names": ["vcbm"]}}
+    comparisons = [{"claim": "mine-vcbm-vs-mc", "treatment": "vcbm", "control": "mc"}]
+    spec_file = _write_spec(tmp_path / "mine.yml", claims=own, comparisons=comparisons, results="out")
+    assert engine.main(["run", str(spec_file), "--out", str(tmp_path / "out"), "--workers", "1", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert engine.main(["verdicts", "--spec", str(spec_file)]) == 0
+    table = capsys.readouterr().out
+    row = next(line for line in table.splitlines() if "VCBM needs fewer episodes than Monte Carlo" in line)
+    assert "[mine](#mine): vcbm vs mc" in row and "P = " in row and "2 vs 2" in row
+    assert "Table II" in table  # beside the zoo's own rows
+    clash = _write_spec(tmp_path / "clash.yml", claims={"vcbm-table2": own["mine-vcbm-vs-mc"]})
+    assert engine.main(["verdicts", "--spec", str(clash)]) == 2
+    assert "already a claim of the zoo" in capsys.readouterr().err

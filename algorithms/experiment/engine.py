@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("name", help="A registered experiment, or a spec file (path.yml).")
     report.add_argument("--results", default=None, help="A results directory or file (default: the committed results).")
     verdicts = commands.add_parser("verdicts", help="The verdict table: one row per paper claim.")
+    verdicts.add_argument(
+        "--spec", action="append", default=[], metavar="PATH", help="Your own experiment's spec file too (repeatable)."
+    )
     verdicts.add_argument("--headline", action="store_true", help="The README's short form: tested claims, one line each.")
     run = commands.add_parser("run", help="Run one experiment.")
     run.add_argument("name", help="A registered experiment, or a spec file (path.yml).")
@@ -134,7 +137,9 @@ def all_scores() -> tuple[list[ExperimentSpec], dict[str, dict[str, Any]]]:
 
 def cmd_verdicts(args: argparse.Namespace) -> None:
     all_specs, scores = all_scores()
-    rows = verdict.verdict_rows(all_specs, scores, specs.load_claims())
+    extra = [specs.load_spec(path if path.endswith((".yml", ".yaml")) else f"{path}.yml") for path in args.spec]
+    scores |= {spec.name: verdict.score(spec) for spec in extra}
+    rows = verdict.verdict_rows(all_specs + extra, scores, specs.all_claims(extra))
     print(verdict.headline_table(rows) if args.headline else verdict.verdict_table(rows), end="")
 
 

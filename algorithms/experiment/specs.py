@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 SPEC_DIR = REPO / "zoo_configs" / "experiments"
 CLAIMS_FILE = SPEC_DIR / "claims.yml"
 KINDS = ("compare", "suite", "llm", "script")
-SPEC_KEYS = {"title", "kind", "run", "seeds", "tuning", "budget", "measure", "comparisons", "results", "notes"}
+SPEC_KEYS = {"title", "kind", "run", "seeds", "tuning", "budget", "measure", "comparisons", "results", "notes", "claims"}
 CLAIM_KEYS = {"paper", "claim", "names"}
 UNHASHED = ("title", "notes", "results")
 RECORD_FILE = "experiment.json"  # what the engine records beside a run's results
@@ -55,8 +55,10 @@ class ExperimentSpec:
     budget: dict[str, str]
     measure: dict[str, Any]
     comparisons: tuple[Comparison, ...]
-    results: Path | None  # the committed results (a directory, or a results file), relative paths from the repo
+    results: Path | None  # the published results (a directory or a results file): relative to the repository, or to
+    # the spec's own folder for a spec outside it
     notes: str = ""
+    claims: dict[str, dict[str, Any]] = field(default_factory=dict)  # a spec's own claims (your own experiment's)
     data: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -95,7 +97,7 @@ def parse_spec(data: Any, name: str, path: Path) -> ExperimentSpec:
     if not isinstance(data, dict):
         raise _fail(where, f"expected a mapping of {', '.join(sorted(SPEC_KEYS))}")
     unknown = set(data) - SPEC_KEYS
-    missing = SPEC_KEYS - {"tuning", "notes", "results"} - set(data)
+    missing = SPEC_KEYS - {"tuning", "notes", "results", "claims"} - set(data)
     if unknown or missing:
         raise _fail(where, f"unknown keys {sorted(unknown)} / missing keys {sorted(missing)}; expected {sorted(SPEC_KEYS)}")
     if data["kind"] not in KINDS:
@@ -135,6 +137,7 @@ def parse_spec(data: Any, name: str, path: Path) -> ExperimentSpec:
             raise _fail(where, f"comparison {item!r}: expected {{claim, treatment, control[, setting]}}")
         comparisons.append(Comparison(**{k: (str(v) if v is not None else None) for k, v in item.items()}))
     results = data.get("results")
+    own_claims = check_claims(data.get("claims") or {}, where)
     return ExperimentSpec(
         name=name,
         path=path,
@@ -148,6 +151,7 @@ def parse_spec(data: Any, name: str, path: Path) -> ExperimentSpec:
         comparisons=tuple(comparisons),
         results=Path(results) if results else None,
         notes=str(data.get("notes") or ""),
+        claims=own_claims,
         data=data,
     )
 
@@ -179,13 +183,29 @@ def load_spec(name_or_path: str, spec_dir: Path = SPEC_DIR) -> ExperimentSpec:
 
 def load_claims(path: Path = CLAIMS_FILE) -> dict[str, dict[str, Any]]:
     """Every paper claim of the zoo's rules, objectives and algos: id -> {paper, claim, names}."""
-    data = _read_yaml(path, "claims file")
+    return check_claims(_read_yaml(path, "claims file"), f"claims file {str(path)!r}")
+
+
+def check_claims(data: Any, where: str) -> dict[str, dict[str, Any]]:
     if not isinstance(data, dict):
-        raise VcbmGymError(f"claims file {str(path)!r}: expected a mapping of claim id to {{paper, claim, names}}")
+        raise VcbmGymError(f"{where}: expected a mapping of claim id to {{paper, claim, names}}")
     for claim_id, claim in data.items():
         if not isinstance(claim, dict) or set(claim) != CLAIM_KEYS or not isinstance(claim["names"], list):
-            raise VcbmGymError(f"claims file {str(path)!r}: claim {claim_id!r}: expected keys {sorted(CLAIM_KEYS)}, names a list")
+            raise VcbmGymError(f"{where}: claim {claim_id!r}: expected keys {sorted(CLAIM_KEYS)}, names a list")
     return data
+
+
+def all_claims(extra_specs: list[ExperimentSpec]) -> dict[str, dict[str, Any]]:
+    """claims.yml and the claims of specs outside it (your own experiments); an id claimed twice is one line."""
+    claims = dict(load_claims())
+    for spec in extra_specs:
+        for claim_id, claim in spec.claims.items():
+            if claim_id in claims:
+                raise VcbmGymError(
+                    f"experiment spec {spec.path}: claim {claim_id!r} is already a claim of the zoo; expected a new id"
+                )
+            claims[claim_id] = claim
+    return claims
 
 
 # --- registration: which spec made a results directory, and was it committed first ---

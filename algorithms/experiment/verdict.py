@@ -42,7 +42,10 @@ def detectable_effect(n_treatment: int, n_control: int) -> float:
 def results_path(spec: specs.ExperimentSpec, override: Path | None = None) -> Path | None:
     if override is not None:
         return override
-    return specs.REPO / spec.results if spec.results is not None else None
+    if spec.results is None:
+        return None
+    inside = spec.path.parent == specs.SPEC_DIR
+    return (specs.REPO if inside else spec.path.parent) / spec.results
 
 
 def load_results(spec: specs.ExperimentSpec, path: Path) -> dict[str, Any]:
