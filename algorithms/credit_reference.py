@@ -105,7 +105,7 @@ from algorithms.experiment.stats import BOOTSTRAP_SEED, CONFIDENCE, N_RESAMPLES,
 from algorithms.sb3.callbacks import group_ids_for
 from envs.snapshot import restore, snapshot, snapshot_problem
 from vcbm_gym.credit.base import EpisodeBatch, unmet_rule_needs
-from vcbm_gym.credit.registry import RULES, make_rule, rule_class
+from vcbm_gym.credit.registry import HOW_TO_REGISTER, RuleLookupError, is_rule, make_rule, rule_class, rule_names
 from vcbm_gym.credit.set_credit import set_credit
 
 PROG = "python -m algorithms.credit_reference"
@@ -483,7 +483,10 @@ def rule_misfit(name: str, env: gym.Env, fit: Branching) -> str | None:
         if fit.kind != SLOTS or "coalition_values" not in fit.info_provides:
             return "needs a set action whose env reports info['coalition_values'] (the snapshot's values of its subsets)"
         return None
-    missing = unmet_rule_needs(rule_class(name), fit.batch_provides, fit.info_provides)  # before from_env's checks
+    try:
+        missing = unmet_rule_needs(rule_class(name), fit.batch_provides, fit.info_provides)  # before from_env's checks
+    except RuleLookupError as exc:
+        return str(exc)
     if not missing:
         try:
             rule = make_rule(name, env=env, **RULE_KWARGS.get(name, {}))
@@ -739,7 +742,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--env", default=",".join(DEFAULT_ENVS), help="comma-separated Gymnasium ids (Discrete actions)")
     parser.add_argument("--policy", default="uniform", choices=POLICIES, help="behaviour policy (module docstring)")
     parser.add_argument(
-        "--rules", default=",".join(RULES), help="comma-separated credit rules; those that cannot score are listed"
+        "--rules", default=",".join(rule_names()), help="comma-separated credit rules; those that cannot score are listed"
     )
     parser.add_argument("--seeds", type=int, default=3, help="independent repeats: training and scored episodes, rules")
     parser.add_argument(
@@ -777,9 +780,12 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     if not args.envs:
         raise VcbmGymError(f"--env {args.env!r}: expected one or more comma-separated Gymnasium ids")
     rules = [name.strip() for name in args.rules.split(",") if name.strip()]
-    unknown = [name for name in rules if name not in RULES]
+    unknown = [name for name in rules if not is_rule(name)]
     if not rules or unknown:
-        raise VcbmGymError(f"--rules {args.rules!r}: unknown {unknown or 'empty'}; expected names from: {', '.join(RULES)}")
+        raise VcbmGymError(
+            f"--rules {args.rules!r}: unknown {unknown or 'empty'}; expected names from: {', '.join(rule_names())} "
+            f"({HOW_TO_REGISTER})"
+        )
     args.rules = rules
     try:
         env_kwargs = yaml.safe_load(args.env_kwargs)

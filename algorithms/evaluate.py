@@ -29,6 +29,7 @@ from pathlib import Path
 from algorithms.common import cli
 from algorithms.common.cli import read_json_object
 from algorithms.common.errors import VcbmGymError
+from algorithms.common.extras import require_extra
 from algorithms.llm.prompting import truncate_messages
 
 Policy = Callable[[str, list[dict]], str | None]  # (task_id, messages) -> code, None = stop
@@ -149,6 +150,8 @@ def check_arguments(args: argparse.Namespace) -> Path:
     cli.check_int(args.max_interactions, "--max-interactions", 1, 10_000)
     cli.check_int(args.max_new_tokens, "--max-new-tokens", 1)
     cli.check_int(args.max_prompt_chars, "--max-prompt-chars", 1)
+    if not args.model.startswith("scripted:"):  # a model policy runs on transformers
+        require_extra(f"--model {args.model}", "llm")
     return cli.check_output_dir(args.out, "--out")
 
 
@@ -256,7 +259,8 @@ def evaluate(args: argparse.Namespace) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = cli.ArgumentParser(prog="python -m algorithms.evaluate", description=__doc__.split("\n")[0])
+    # the docstring's first paragraph, whole: its first line ends mid-sentence
+    parser = cli.ArgumentParser(prog="python -m algorithms.evaluate", description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--env", default="AppWorld-v0")
     parser.add_argument("--split", default="dev", help="AppWorld dataset: train, dev, test_normal, test_challenge")
     parser.add_argument("--model", required=True, help="scripted:oracle, scripted:FILE.json, tiny, or a HF causal LM")

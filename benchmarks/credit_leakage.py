@@ -48,7 +48,7 @@ from algorithms.common.cli import ArgumentParser, atomic_write_json, check_int, 
 from algorithms.common.errors import VcbmGymError
 from algorithms.credit_reference import BATCH_PROVIDES, RULE_KWARGS, episode_batch, leakage_sums
 from vcbm_gym.credit.base import EpisodeBatch, unmet_needs
-from vcbm_gym.credit.registry import RULES, make_rule
+from vcbm_gym.credit.registry import HOW_TO_REGISTER, RuleLookupError, is_rule, make_rule, rule_names
 
 DEFAULT_RULES = ("broadcast", "loo", "grpo", "ircr", "rudder", "rrd", "vcbm_bookmark")
 # RULE_KWARGS (baselines that need no critic), BATCH_PROVIDES and `episode_batch` are shared with the replay
@@ -127,7 +127,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--env", default="WatchRepair-v0", help="Gymnasium id (or module:EnvId) of a task with a known decision step"
     )
     parser.add_argument(
-        "--rules", default=",".join(DEFAULT_RULES), help="comma-separated credit rules (vcbm_gym.credit.registry.RULES)"
+        "--rules", default=",".join(DEFAULT_RULES), help="comma-separated credit rules (built-in, registered or installed)"
     )
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--episodes", type=int, default=2048, help="episodes per seed")
@@ -143,9 +143,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if not isinstance(args.env_kwargs, dict):
         raise VcbmGymError(f"--env-kwargs {argv[argv.index('--env-kwargs') + 1]!r}: expected a YAML mapping")
     rules = [name.strip() for name in args.rules.split(",") if name.strip()]
-    unknown = [name for name in rules if name not in RULES]
+    unknown = [name for name in rules if not is_rule(name)]
     if not rules or unknown:
-        raise VcbmGymError(f"--rules {args.rules!r}: unknown {unknown or 'empty'}; expected names from: {', '.join(RULES)}")
+        raise VcbmGymError(
+            f"--rules {args.rules!r}: unknown {unknown or 'empty'}; expected names from: {', '.join(rule_names())} "
+            f"({HOW_TO_REGISTER})"
+        )
     args.rules = rules
     check_int(args.seeds, "--seeds", 2, 1000)
     check_int(args.batch_episodes, "--batch-episodes", 1)
@@ -189,7 +192,7 @@ def run(argv: list[str]) -> dict[str, Any] | None:
             missing = unmet_needs(make_rule(name, env=env, **RULE_KWARGS.get(name, {})).needs(), BATCH_PROVIDES)
             if missing:
                 raise ValueError(f"needs {', '.join(missing)}, which episodes of a Gymnasium env do not have")
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RuleLookupError) as exc:
             rows[name] = {"refused": str(exc)}
             print(f"{name}: refused on {args.env} ({exc})", file=sys.stderr)
             continue

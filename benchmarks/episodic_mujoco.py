@@ -72,6 +72,7 @@ from algorithms.common import cli, provenance
 from algorithms.experiment import stats
 from algorithms.experiment.jobs import count_finished, seed_jobs, train_jobs
 from algorithms.experiment.results import locked, runs_record, save_figure, write_results
+from algorithms.registry import get_arm
 from algorithms.train import resolve_spec
 
 ENVS = ("EpisodicHopper-v5", "EpisodicHalfCheetah-v5")
@@ -104,7 +105,9 @@ def method_spec(method: str, env: str, steps: int, eval_every: int, learning_sta
         "learning_starts": learning_starts,
         **settings,
     }
-    return resolve_spec("sac", method_env(method, env), 0, overrides)
+    spec = resolve_spec("sac", method_env(method, env), 0, overrides)
+    get_arm("sac").validate(spec)  # the model built dry: a refused setting stops the benchmark before any worker starts
+    return spec
 
 
 def evaluations(log_dir: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -220,12 +223,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     check_run_arguments(parser, args)
+    if args.measure is not None and args.measure < 1:  # 0 would fall through to the full benchmark
+        parser.error(f"--measure {args.measure}: expected an integer >= 1 (env steps to time past the warm-up)")
     return args
 
 
 def run(argv: list[str]) -> None:
     args = parse_args(argv)
-    if args.measure:
+    if args.measure is not None:
         for env in args.envs:
             print(env, {m: round(r, 1) for m, r in measure(env, args.measure).items()})
         return

@@ -125,7 +125,7 @@ def test_a_task_on_another_node_sends_its_log_dir_back(tmp_path, monkeypatch):
 
 def test_without_ray_the_backend_is_one_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as if it were not installed
-    hint = r'needs Ray, which is not installed: expected the distributed extra \(pip install -e "\.\[distributed\]"\)'
+    hint = r'--backend ray needs the distributed extra \(ray is not installed\): pip install -e "\.\[distributed\]"'
     with pytest.raises(VcbmGymError, match=hint):
         compare(_argv(tmp_path, 1, "ray"))
     with pytest.raises(VcbmGymError, match="--address 'auto' with --backend process: expected --backend ray"):

@@ -166,11 +166,11 @@ NEEDS: dict[str, tuple[str, ...]] = {
 def rule_info_needs(name: str) -> tuple[str, ...] | None:
     """The info keys credit rule `name` declares it learns from (CreditRule.info_needs), or None: no such rule."""
     from vcbm_gym.credit.registry import (
-        RULES,
+        is_rule,
         rule_class,  # the rule's module only, when a rule is named
     )
 
-    return rule_class(name).info_needs if name in RULES else None
+    return rule_class(name).info_needs if is_rule(name) else None
 
 
 def required_keys(needs: Iterable[str]) -> dict[str, str]:

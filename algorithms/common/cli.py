@@ -6,6 +6,9 @@ Written files get the mode a plain open() gives a new file (0o666 less the umask
 non-finite number is written as null, and the nearest object above it gains NON_FINITE_KEY, which maps
 the number's JSON Pointer (relative to that object) to what it was ("Infinity", "-Infinity" or "NaN").
 
+A write that finds its filesystem full (ENOSPC) or its quota used up (EDQUOT) is one `NoSpace` line naming
+what was being written, like any other bad condition of an output path.
+
 `main(run, argv)` is the only place that turns exceptions into exit codes, so the CLIs
 (train, compare, plot, tune, credit_fidelity, evaluate) cannot drift apart.
 """
@@ -13,6 +16,7 @@ the number's JSON Pointer (relative to that object) to what it was ("Infinity", 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import numbers
@@ -29,6 +33,28 @@ from vcbm_gym.contract import ContractError
 
 MAX_SEED = 2**32 - 1  # numpy's SeedSequence accepts more, but SB3 and torch seeds are 32/64-bit
 NON_FINITE_KEY = "non_finite"
+NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+class NoSpace(VcbmGymError):
+    """A write found no space left on its filesystem (or no quota left)."""
+
+
+def space_error(exc: BaseException | None) -> OSError | None:
+    """The out-of-space OSError behind `exc`: itself, or one it was raised from or while handling."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def no_space(what: str | Path, exc: OSError) -> NoSpace:
+    """The one line for a write to `what` (a file or a folder) that found its filesystem full."""
+    reason = "disk quota exceeded" if exc.errno == errno.EDQUOT else "no space left on device"
+    return NoSpace(f"cannot write {str(what)!r}: {reason}; expected free space on its filesystem (then run the command again)")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -131,15 +157,22 @@ def _probe_write(directory: Path, path: Path, option: str) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write to a temporary name beside `path`, then rename: readers see the old file or the new, never half."""
     path = Path(path)
-    fd, tmp = _new_file_beside(path)
+    try:
+        fd, tmp = _new_file_beside(path)
+    except OSError as exc:
+        if exc.errno in NO_SPACE_ERRNOS:  # not even an inode left for the temporary file
+            raise no_space(path, exc) from None
+        raise
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE_ERRNOS:
+            raise no_space(path, exc) from None
         raise
 
 

@@ -29,7 +29,8 @@ _Loader.add_implicit_resolver(
 
 
 def load_object(target: str) -> Any:
-    """Import "package.module:Attribute" (or a whole module)."""
+    """Import "package.module:Attribute" (or a whole module): for the targets of the project's own tables (an arm's
+    AGENTS), never for a string read from a config file or a command line."""
     import importlib
 
     module_name, _, attr = target.partition(":")
@@ -126,6 +127,9 @@ def user_config(path: str | Path, env_id: str, env_ids: typing.Collection[str], 
                 f"config file {str(path)!r} records a run of --algo {data['algo']} --env {data['env']}: "
                 f"expected --algo {algo} --env {env_id} to rerun it"
             )
+        from algorithms.common.credit_slot import CREDIT_RECORD, check_recorded_rule  # imports the rule registry
+
+        check_recorded_rule(data.get(CREDIT_RECORD), str(path))  # before its name is looked up: says what to install
         return dict(data["hyperparams"])
     if data and all(key in env_ids for key in data):
         entry = data.get(env_id)
@@ -224,8 +228,11 @@ def make_env(env_id: str, env_kwargs: Mapping[str, Any], **extra: Any) -> Any:
     from envs.bsuite import BSuiteIdError, env_id_problem
 
     check_bsuite_setting(env_id, env_kwargs)
+    module, _, name = env_id.rpartition(":")
+    # vcbm_gym registers every bsuite setting itself: Gymnasium need not import a module called bsuite to find it
+    made = name if module == "bsuite" and name in gym.registry else env_id
     try:
-        return gym.make(env_id, **extra, **env_kwargs)
+        return gym.make(made, **extra, **env_kwargs)
     except BSuiteIdError as exc:  # names the id itself; env_kwargs may hold keys a runner added, not the user
         raise ConfigError(f"env {env_id}: {exc}") from None
     except (TypeError, ValueError) as exc:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,12 +35,33 @@ import numpy as np
 from algorithms.common.errors import ConfigError, VcbmGymError
 from vcbm_gym.contract import env_name
 from vcbm_gym.credit.base import EMISSIONS, NO_CREDIT, REWARDS, CreditRule, EpisodeBatch, misfit_line, unmet_rule_needs
-from vcbm_gym.credit.registry import RULES, make_rule, rule_class
+from vcbm_gym.credit.registry import (
+    ENTRY_POINT_GROUP,
+    RuleLookupError,
+    is_rule,
+    make_rule,
+    rule_class,
+    rule_names,
+    rule_record,
+    rule_source,
+    unknown_rule_line,
+)
+
+CREDIT_RECORD = "credit_rule"  # config.yml's entry: the run's rule, and the distribution and version it came from
+
+
+def resolvable_class(name: str) -> type[CreditRule] | None:
+    """The class of rule `name`, or None when it does not resolve (claimed twice, its module broken): lists of the
+    rules that fit leave it out, and naming it is the one line `rule_class` raises."""
+    try:
+        return rule_class(name)
+    except RuleLookupError:
+        return None
 
 
 def rules_emitting(kind: str) -> list[str]:
-    """The registered rules whose instances may emit `kind` (imports every rule's module)."""
-    return [name for name in RULES if kind in rule_class(name).kinds()]
+    """The rules whose instances may emit `kind` (imports every rule's module)."""
+    return [name for name in rule_names() if (cls := resolvable_class(name)) is not None and kind in cls.kinds()]
 
 
 def kind_misfit(name: str, emitted: str, consumed: frozenset[str], learner: str) -> str | None:
@@ -111,10 +133,13 @@ class CreditFit:
         only (an unknown name imports every rule's, to list those that fit)."""
         if name == NO_CREDIT:
             return None
-        if name not in RULES:
-            fitting = [rule for rule in RULES if self.misfit(rule) is None]
-            return f"unknown credit rule {name!r}; expected one of: {', '.join([NO_CREDIT, *fitting])}"
-        cls = rule_class(name)
+        if not is_rule(name):
+            fitting = [rule for rule in rule_names() if self.misfit(rule) is None]
+            return unknown_rule_line(name, [NO_CREDIT, *fitting])
+        try:
+            cls = rule_class(name)
+        except RuleLookupError as exc:
+            return str(exc)
         fitting = [kind for kind in cls.kinds() if kind in self.consumes]  # an option may choose the kind
         emitted = fitting[0] if fitting else cls.emits
         return self.instance_misfit(name, unmet_rule_needs(cls, self.batch_provides, self.info_provides), emitted)
@@ -142,10 +167,10 @@ class CreditSlot:
                 f"hyperparameter credit_kwargs={self.credit_kwargs!r}: expected rule name -> mapping of its arguments"
             )
         for name, kwargs in self.credit_kwargs.items():
-            if name not in RULES or not isinstance(kwargs, Mapping):
+            if not isinstance(name, str) or not is_rule(name) or not isinstance(kwargs, Mapping):
                 raise ConfigError(
                     f"hyperparameter credit_kwargs[{name!r}]={kwargs!r}: expected rule name -> mapping of its arguments, "
-                    f"rule names: {', '.join(RULES)}"
+                    f"rule names: {', '.join(rule_names())}"
                 )
         why = fit.misfit(self.credit)
         if why is not None:
@@ -168,9 +193,11 @@ class CreditSlot:
         kwargs = self.rule_kwargs(fit, seed)
         try:
             rule = make_rule(self.credit, env=env, **kwargs)
+        except RuleLookupError as exc:
+            raise ConfigError(str(exc)) from None
         except ModuleNotFoundError as exc:
             raise VcbmGymError(
-                f"credit rule {self.credit!r} is registered as {RULES[self.credit]!r} but cannot be imported: {exc}"
+                f"credit rule {self.credit!r} ({rule_source(self.credit).describe()}) cannot be imported: {exc}"
             ) from None
         except (TypeError, ValueError) as exc:
             where = "" if env is None else f" on {env_name(env)}"
@@ -197,11 +224,82 @@ def add_credit_argument(parser: argparse.ArgumentParser | Any, arm: Any) -> None
         "--credit",
         type=credit_name,
         default=None,
-        help=f"credit rule: {NO_CREDIT} or a rule of {', '.join(RULES)} that the algo takes (kinds: {', '.join(EMISSIONS)}; "
-        "its arguments: --hyperparams credit_kwargs={RULE: {...}})",
+        help=f"credit rule: {NO_CREDIT} or a rule of {', '.join(rule_names())} that the algo takes "
+        f"(kinds: {', '.join(EMISSIONS)}; its arguments: --hyperparams credit_kwargs={{RULE: {{...}}}})",
     )
 
 
 def credit_flag(args: argparse.Namespace) -> dict[str, Any]:
     """--credit as a hyperparameter, so that the resolved config holds it."""
     return {} if getattr(args, "credit", None) is None else {"credit": args.credit}
+
+
+def run_slot(config: Any) -> CreditSlot | None:
+    """The credit slot of a resolved run's typed config (`RunSpec.config`: the tabular arm's `credit`, the SB3 arm's
+    `run.slot`, the LLM arm's `slot`), or None: the run's credit is its algorithm's own."""
+    for holder in (config, getattr(config, "run", None)):
+        for attr in ("slot", "credit"):
+            value = getattr(holder, attr, None)
+            if isinstance(value, CreditSlot):
+                return value
+    return None
+
+
+def credit_record(config: Any) -> dict[str, Any]:
+    """config.yml's entry for a run's rule (`RunSpec.config`): its name and the distribution and version it came from,
+    so that a rerun from config.yml finds the same rule or says what to install; {} for a run without a rule."""
+    slot = run_slot(config)
+    if slot is None or slot.empty:
+        return {}
+    return {CREDIT_RECORD: rule_record(slot.credit)}
+
+
+def check_recorded_rule(record: Any, path: str) -> None:
+    """Before a run's config.yml (`path`) is rerun: its rule must resolve here, from the distribution it ran from
+    (ConfigError, one line, saying what to install); another version of it runs, with one warning line."""
+    if record is None:
+        return
+    if not isinstance(record, Mapping) or not isinstance(record.get("name"), str):
+        raise ConfigError(f"malformed config file {path!r}: {CREDIT_RECORD}={record!r}; expected {{name, distribution, version}}")
+    name, dist, version = record["name"], record.get("distribution"), record.get("version")
+    if dist:
+        origin, install = f"distribution {dist} {version}", f"pip install '{dist}=={version}'"
+    else:
+        origin = "a rule registered in-process"
+        install = f"register it (vcbm_gym.credit.register_rule({name!r}, cls)) before rerunning"
+    if not is_rule(name):
+        raise ConfigError(
+            f"config file {path!r} ran credit rule {name!r} of {origin}, which no installed distribution or "
+            f"register_rule provides here: {install} (its entry point in group {ENTRY_POINT_GROUP!r} registers it)"
+        )
+    try:
+        here = rule_record(name)
+    except RuleLookupError as exc:
+        raise ConfigError(str(exc)) from None
+    if here["distribution"] != dist:
+        raise ConfigError(
+            f"config file {path!r} ran credit rule {name!r} of {origin}; here {name!r} is "
+            f"{rule_source(name).describe()}: expected the same rule ({install})"
+        )
+    if here["version"] != version:
+        print(
+            f"warning: config file {path!r} ran credit rule {name!r} of {dist} {version}; rerunning it with {dist} "
+            f"{here['version']}",
+            file=sys.stderr,
+        )
+
+
+def rule_change(record: Mapping[str, Any] | None, config: Any) -> str | None:
+    """How the rule of a run's config.yml (`record`) differs from the rule the same config resolves to now
+    (`RunSpec.config`): the same name from another distribution or version is another rule, whose result a
+    rerun must not reuse; None when they agree, or when the record predates the entry."""
+    recorded = (record or {}).get(CREDIT_RECORD)
+    current = credit_record(config).get(CREDIT_RECORD)
+    if recorded is None or current is None or recorded == current:
+        return None
+
+    def origin(entry: Any) -> str:
+        entry = entry if isinstance(entry, Mapping) else {}
+        return f"{entry.get('name')!r} of {entry.get('distribution') or 'no distribution'} {entry.get('version') or ''}".strip()
+
+    return f"credit rule was {origin(recorded)} and is now {origin(current)}"

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from algorithms.common.credit_slot import CreditFit
 from vcbm_gym.credit.base import NO_CREDIT
-from vcbm_gym.credit.registry import RULES
+from vcbm_gym.credit.registry import rule_names
 
 Report = Callable[[int, dict[str, float]], None]
 
@@ -164,7 +164,7 @@ class Arm(ABC):
 
     def credit_rules(self, algo: str | None = None) -> tuple[str, ...]:
         """ "none" and every registered rule that fits (imports every rule's module)."""
-        return (NO_CREDIT, *(name for name in RULES if self.credit_misfit(name, algo) is None))
+        return (NO_CREDIT, *(name for name in rule_names() if self.credit_misfit(name, algo) is None))
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """The arm's own train flags."""

@@ -39,17 +39,16 @@ from pathlib import Path
 from typing import Any
 
 from algorithms.common.errors import VcbmGymError
+from algorithms.common.extras import require_extra
 
-INSTALL_HINT = 'pip install -e ".[distributed]"'
 ADDRESS_TIMEOUT_S = 5.0  # a cluster head answers in milliseconds; the command has 30 s to say it does not
 
 
 def require_ray(what: str) -> Any:
     """The ray module, or one line saying how to install it."""
-    try:
-        import ray
-    except ImportError:
-        raise VcbmGymError(f"{what} needs Ray, which is not installed: expected the distributed extra ({INSTALL_HINT})") from None
+    require_extra(what, "distributed")
+    import ray
+
     return ray
 
 

@@ -22,7 +22,7 @@ from algorithms.common.errors import VcbmGymError
 from algorithms.common.spec import DEPRECATED_ALGOS, RunOptions, RunSpec
 from algorithms.experiment import executor
 from algorithms.experiment.distributed import pack_dir, unpack_dir
-from algorithms.registry import ALGOS, get_algo
+from algorithms.registry import ALGOS, get_algo, get_arm
 
 MAX_SEEDS = 10_000  # per algo; more is a typo (and would not fit in memory as jobs)
 MAX_WORKERS = 256
@@ -50,10 +50,13 @@ def parse_label(label: str) -> tuple[str, str | None]:
 
 def resolve_label(label: str, env: str, seed: int, overrides: Mapping[str, Any]) -> RunSpec:
     """The run of one method: `overrides` (already parsed values) and the label's credit rule on the zoo's entry,
-    checked by the algo's arm."""
+    checked by the algo's arm, its objects built dry (`Arm.validate`): what a run would refuse stops the whole
+    experiment before any worker starts, not each of its runs."""
     algo, credit = parse_label(label)
     mapping = dict(overrides) | ({"credit": credit} if credit is not None else {})
-    return train.resolve_spec(algo, env, seed, mapping)
+    spec = train.resolve_spec(algo, env, seed, mapping)
+    get_arm(spec.algo).validate(spec)
+    return spec
 
 
 def seed_jobs(label: str, spec: RunSpec, seeds: range, log_dir_of: Any) -> list[Job]:

@@ -7,41 +7,29 @@ never half of one, and a command stopped mid-write leaves no stray file behind.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from algorithms.common import cli
+from algorithms.common import cli, run_lock
 from algorithms.common.errors import VcbmGymError
 
 LOCK_FILE = ".compare.lock"  # compare's and suite's (one name: a compare and a suite must not share --out either)
 
 
-@contextlib.contextmanager
-def locked(out: Path, command: str = "compare") -> Iterator[None]:
-    """Hold OUT/.compare.lock for `command` (fcntl: released by the kernel when the holder dies, even by SIGKILL).
-    The holder writes its pid and command into the file, so that a refused command names the one it waits for."""
+def locked(out: Path, command: str = "compare") -> contextlib.AbstractContextManager[None]:
+    """Hold OUT/.compare.lock for `command` (algorithms.common.run_lock: released when the holder dies, even by
+    SIGKILL); a refused command names the one it waits for."""
     path = out / LOCK_FILE
-    handle = open(path, "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.seek(0)
-        pid, _, holder = handle.read().strip().partition(" ")
-        handle.close()
-        raise VcbmGymError(
-            f"--out {str(out)!r} is in use by another {holder or 'compare or suite'} (pid {pid or '?'}, lock {str(path)!r}): "
-            "expected one compare or suite per --out"
-        ) from None
-    try:
-        handle.truncate(0)
-        handle.write(f"{os.getpid()} {command}\n")
-        handle.flush()
-        yield
-    finally:
-        handle.close()
+    return run_lock.held(
+        path,
+        command,
+        lambda pid, holder: VcbmGymError(
+            f"--out {str(out)!r} is in use by another {holder or 'compare or suite'} (pid {pid}, lock {str(path)!r}): "
+            f"expected one command at a time per --out: run this {command} with another --out, or after that one ends"
+        ),
+    )
 
 
 def write_results(out: Path, results: Mapping[str, Any], table: str) -> None:

@@ -38,6 +38,7 @@ from typing import Any
 from algorithms import bsuite_score
 from algorithms.common import cli, config, provenance
 from algorithms.common.errors import VcbmGymError
+from algorithms.common.extras import require_extra
 from algorithms.experiment import executor, stats
 from algorithms.experiment.jobs import (
     MAX_SEEDS,
@@ -307,10 +308,7 @@ def check_args(args: argparse.Namespace) -> None:
             raise VcbmGymError(f"{option} {values}: expected distinct values")
     executor.check_backend(args.backend, args.address, args.workers)
     check_algos(args.algos)
-    try:
-        import bsuite  # noqa: F401
-    except ModuleNotFoundError:
-        raise VcbmGymError("the suite needs bsuite: pip install -e '.[bsuite]'") from None
+    require_extra("the suite", "bsuite")
 
 
 def run(argv: Sequence[str] | None = None) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from trl import GRPOConfig
 from algorithms.common.credit_slot import CreditFit, CreditSlot
 from algorithms.common.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, Validated
 from algorithms.llm.loss import OBJECTIVES
-from algorithms.llm.prompting import WITH_ONE_SHOT
+from algorithms.llm.prompting import WITH_ONE_SHOT, prompt_name
 from vcbm_gym.credit.base import ADVANTAGES
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES as RATIO_SHARING
 
@@ -179,7 +179,7 @@ class MultiTurnGRPOConfig(GRPOConfig):
     )
     system_prompt: str | None = field(
         default=None,
-        metadata={"help": "module:function(one_shot) -> an env's own ReAct prompt (None: the generic one)"},
+        metadata={"help": "a registered prompt's name (algorithms.llm.prompting.PROMPTS: tiny, appworld; None: the generic one)"},
     )
     report_to: str | list[str] | None = "none"
     logging_steps: float = 1
@@ -189,6 +189,7 @@ class MultiTurnGRPOConfig(GRPOConfig):
     bf16: bool | None = False
 
     def __post_init__(self) -> None:
+        self.system_prompt = prompt_name(self.system_prompt)  # a name in the registry, never a module to import
         for name in ("max_turns", "max_new_tokens_per_turn", "truncation_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: expected an integer >= 1")

@@ -42,6 +42,43 @@ BLANKED = "[old observation omitted]"
 WITH_ONE_SHOT = True
 
 
+# The system prompts a config can name (`system_prompt: NAME`): name -> the function(one_shot) that writes it. A config
+# is data: its string is looked up here and nothing else is imported, so a config file from elsewhere cannot run code.
+PROMPTS: dict[str, str] = {
+    "tiny": "algorithms.llm.warm_start:tiny_system_prompt",  # the warm-started tiny models' one-line prompt
+    "appworld": "envs.appworld.prompt:system_prompt",  # AppWorld's ReAct prompt with its API docs and worked example
+}
+# Each registered function's own module:function path, accepted as another name of the same prompt (looked up in
+# this table, never imported), so that a config.yml that spells it so still reruns.
+PROMPT_ALIASES: dict[str, str] = {target: name for name, target in PROMPTS.items()}
+
+
+def prompt_name(value: object) -> str | None:
+    """The registered name of `value` (a name of PROMPTS or one of PROMPT_ALIASES), None for None (the generic
+    prompt); ValueError (one line naming the registered names) for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value in PROMPTS:
+        return value
+    if isinstance(value, str) and value in PROMPT_ALIASES:
+        return PROMPT_ALIASES[value]
+    raise ValueError(
+        f"system_prompt={value!r} is not a registered prompt: expected one of {', '.join(PROMPTS)} "
+        "(algorithms.llm.prompting.PROMPTS), or null for the generic ReAct prompt"
+    )
+
+
+def system_prompt_text(name: str | None, one_shot: bool = WITH_ONE_SHOT) -> str | None:
+    """The system prompt registered as `name` (None: None, the generic prompt of initial_messages)."""
+    name = prompt_name(name)
+    if name is None:
+        return None
+    import importlib
+
+    module, _, function = PROMPTS[name].partition(":")
+    return getattr(importlib.import_module(module), function)(one_shot)
+
+
 def initial_messages(observation: str, one_shot: bool = WITH_ONE_SHOT, system_prompt: str | None = None) -> list[dict[str, str]]:
     """[system, first observation]; `system_prompt` (an env's own, e.g. AppWorld's) replaces the generic one."""
     system = system_prompt if system_prompt is not None else SYSTEM_PROMPT + ("\n\n" + ONE_SHOT_EXAMPLE if one_shot else "")

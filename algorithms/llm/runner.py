@@ -74,7 +74,7 @@ from algorithms.llm.config import (
 )
 from vcbm_gym.contract import NEEDS, require_info
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES
-from vcbm_gym.credit.registry import RULES, rule_class
+from vcbm_gym.credit.registry import rule_class, rule_names
 
 
 def info_needs(credit: str | None, ratio_sharing: str) -> dict[str, str]:
@@ -131,21 +131,15 @@ def check_model(name: str) -> None:
         ) from None
 
 
-def check_system_prompt(target: str | None) -> None:
-    """`system_prompt`: None, or module:function(one_shot) that loads and is callable."""
-    if not target:
-        return
-    from algorithms.common.config import load_object
+def check_system_prompt(name: str | None) -> None:
+    """`system_prompt`: None or a registered prompt's name (algorithms.llm.prompting.PROMPTS), whose text is built
+    once here; the registry is the only lookup, so a config's string never imports a module of its own choosing."""
+    from algorithms.llm.prompting import system_prompt_text
 
     try:
-        prompt = load_object(target)
-    except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(
-            f"hyperparameter system_prompt={target!r} cannot be loaded ({type(exc).__name__}: {exc}); "
-            "expected module:function(one_shot) returning the system prompt"
-        ) from None
-    if not callable(prompt):
-        raise ConfigError(f"hyperparameter system_prompt={target!r} is not callable; expected module:function")
+        system_prompt_text(name)
+    except ValueError as exc:
+        raise ConfigError(f"hyperparameter {exc}") from None
 
 
 class LLMArm(Arm):
@@ -182,7 +176,7 @@ class LLMArm(Arm):
         group.add_argument("--checkpoint-every", type=int, default=None, help="iterations between checkpoints (0: none)")
         group.add_argument("--ratio-sharing", choices=RATIO_SHARING_MODES, default=None, help="EMPO ratio sharing")
         defaults = ", ".join(f"{algo}: {rule}" for algo, rule in DEFAULT_CREDIT.items())
-        group.add_argument("--credit", default=None, help=f"credit rule, one of: {', '.join(RULES)} ({defaults})")
+        group.add_argument("--credit", default=None, help=f"credit rule, one of: {', '.join(rule_names())} ({defaults})")
         group.add_argument("--no-length-norm", action="store_true", help="EMPO ablation: unnormalised response ratios")
         group.add_argument(
             "--objective",

@@ -49,7 +49,6 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
-from algorithms.common.config import load_object
 from algorithms.common.credit_slot import credit_of
 from algorithms.common.errors import ConfigError
 from algorithms.llm.batch import context_keys, episode_batch, gather_episode_batch
@@ -65,6 +64,7 @@ from algorithms.llm.loss import (
 )
 from algorithms.llm.metrics import local_rollout_record, rollout_metrics, rule_numbers
 from algorithms.llm.old_logps import FirstEpochOldLogps
+from algorithms.llm.prompting import system_prompt_text
 from algorithms.llm.rollout import (
     CachedGeneration,
     Episode,
@@ -125,7 +125,7 @@ class MultiTurnGRPOTrainer(FirstEpochOldLogps, SharedPromptLogps, GRPOTrainer):
         self._iter_stats: dict[str, Any] = defaultdict(float)
         self._iter_start = time.perf_counter()
         self.history: list[dict[str, float]] = []
-        self._system_prompt = load_object(args.system_prompt)(args.one_shot) if args.system_prompt else None
+        self._system_prompt = system_prompt_text(args.system_prompt, args.one_shot)
         # the training sequence's bound: max_episode_tokens, else the model's context length (None: unbounded)
         context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self.episode_token_bound = args.max_episode_tokens if args.max_episode_tokens is not None else context

@@ -226,7 +226,8 @@ class TwoRoleTrainer(LoopTrainer):
     def __init__(self, model, args: TwoRoleConfig, *trainer_args, **trainer_kwargs) -> None:
         if not isinstance(args, TwoRoleConfig):
             raise TypeError(f"args: expected a TwoRoleConfig, got {type(args).__name__}")
-        grpo = CreditSlot("grpo", {"grpo": {"normalise_std": False}}).build(LLM_CREDIT)  # GRPO without std (SPEC 10)
+        # GRPO's group advantage without std normalisation, as CCPO and SEPO train each role (Li et al., arXiv 2603.21563)
+        grpo = CreditSlot("grpo", {"grpo": {"normalise_std": False}}).build(LLM_CREDIT)
         self._row_extras: dict[str, list] = {}
         self._play: TwoRolePlay | None = None
         super().__init__(model, args, *trainer_args, credit_rule=grpo, **trainer_kwargs)

@@ -84,7 +84,7 @@ TINY_SYSTEM_PROMPT = "You act in a text environment. Answer each observation wit
 
 
 def tiny_system_prompt(one_shot: bool = False) -> str:
-    """The system prompt of the tiny models (`system_prompt: algorithms.llm.warm_start:tiny_system_prompt`).
+    """The system prompt of the tiny models (`system_prompt: tiny`).
 
     One line instead of the generic ReAct prompt: a model this small does not read instructions,
     and every prompt token dilutes the attention that its decision has to pay to the brand.

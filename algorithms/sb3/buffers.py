@@ -42,6 +42,7 @@ from stable_baselines3.common.buffers import ReplayBuffer
 from stable_baselines3.common.type_aliases import ReplayBufferSamples
 
 from algorithms.common.credit_slot import assign_credit
+from algorithms.sb3.callbacks import in_space_shape
 from vcbm_gym.credit.base import EpisodeBatch, RewardRule
 
 FIT_WINDOW = 10  # episodes pooled into one point of RelabelingReplayBuffer.reward_fit
@@ -120,9 +121,9 @@ class RelabelingReplayBuffer(ReplayBuffer):
         batch = EpisodeBatch(
             episode.rewards[None],
             np.ones((1, len(episode.rewards)), dtype=bool),
-            observations=episode.observations[None],
+            observations=in_space_shape(episode.observations[None], self.observation_space, 2),
             actions=episode.actions[None],
-            extras={"next_observations": episode.next_observations[None]},
+            extras={"next_observations": in_space_shape(episode.next_observations[None], self.observation_space, 2)},
         )
         written = assign_credit(self.rule, batch)[0]
         for (obs, next_obs, action, _, done, _, infos), reward in zip(self._pending, written):
@@ -162,7 +163,10 @@ class RelabelingReplayBuffer(ReplayBuffer):
             heapq.heapreplace(self.elites, item)
 
     def relabel(self, observations, actions, next_observations, episode_returns, stored: np.ndarray) -> np.ndarray:
-        """(N,) the rule's current rewards of N transitions, or the stored ones where the rule has none."""
+        """(N,) the rule's current rewards of N transitions (stored as SB3 stores them), or the stored ones where the
+        rule has none."""
+        observations = in_space_shape(observations, self.observation_space, 1)
+        next_observations = in_space_shape(next_observations, self.observation_space, 1)
         current = self.rule.transition_rewards(observations, actions, next_observations, episode_returns)
         return np.asarray(stored, dtype=np.float64).reshape(-1) if current is None else np.asarray(current, dtype=np.float64)
 

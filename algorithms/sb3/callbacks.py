@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 from stable_baselines3.common.callbacks import BaseCallback
 
 from algorithms.common.convergence import EpisodeOutcomes
@@ -51,6 +52,18 @@ def complete_episodes(episode_starts: np.ndarray, last_dones: np.ndarray) -> lis
         stops = starts[1:] + ([n_steps] if bool(last_dones[env]) else [])
         episodes.extend((env, start, stop) for start, stop in zip(starts, stops))
     return episodes
+
+
+def in_space_shape(values: np.ndarray, space: Any, lead: int) -> np.ndarray:
+    """SB3's stored observations, (*lead, *SB3's shape), in the space's own shape, as a credit rule reads them
+    (EpisodeBatch: (B, T) + the space's shape). SB3 stores a Discrete observation as a (1,) row of floats; a rule's
+    featurizer, like the tabular arm, takes it as the index it is."""
+    values = np.asarray(values)
+    shape = getattr(space, "shape", None)
+    if shape is None or values.shape[lead:] == tuple(shape) or int(np.prod(values.shape[lead:])) != int(np.prod(shape)):
+        return values
+    values = values.reshape(values.shape[:lead] + tuple(shape))
+    return values.astype(space.dtype) if isinstance(space, spaces.Discrete) else values
 
 
 def group_ids_for(first_observations: np.ndarray, group_by: str) -> np.ndarray:
@@ -132,8 +145,9 @@ class CreditCallback(BaseCallback):
         self.logger.record("credit/rewritten_step_fraction", rewritten / buf.rewards.size)
         if not episodes:
             return
+        observations = in_space_shape(buf.observations, self.model.observation_space, 2)
         batch = rollout_episode_batch(
-            episodes, self._env_rewards, buf.observations, buf.actions, buf.values, buf.advantages, self.group_by
+            episodes, self._env_rewards, observations, buf.actions, buf.values, buf.advantages, self.group_by
         )
         credit = assign_credit(self.rule, batch)
         if self.rule.emission() == REWARDS:

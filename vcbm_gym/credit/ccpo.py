@@ -102,8 +102,9 @@ def _group_means(values: np.ndarray, groups: np.ndarray) -> np.ndarray:
 
 # --- CCPO --------------------------------------------------------------------------------------------------
 def group_solo_baseline(r_solo: Any, group_ids: Any) -> np.ndarray:
-    """CCPO's solo baseline: b_k = mean of R_solo over the rows of k's prompt group (SPEC 10: "the prompt group's
-    mean R_solo"). R_solo is the Solver's verifier outcome on the problem alone, without the thought."""
+    """CCPO's solo baseline: b_k = mean of R_solo over the rows of k's prompt group (Counterfactual Credit for Policy
+    Optimization, Li et al., arXiv 2603.21563; docs/papers/ccpo.md, "The method"). R_solo is the Solver's verifier
+    outcome on the problem alone, without the thought."""
     solo = _outcomes("r_solo", r_solo)
     return _group_means(solo, _group_ids(group_ids, len(solo)))
 

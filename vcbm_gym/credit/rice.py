@@ -1,7 +1,7 @@
 """RICE-PO as its abstract states it: anchors at uncertain executable actions, local counterfactual branches scored
 by the outcome, credit passed back to earlier steps only under strong influence and a stable residual.
 
-The abstract (the CASI seed's page; SPEC section 9) gives four parts and no equations. This module's reading
+RICE-PO's abstract (quoted in docs/papers/rice.md) gives four parts and no equations. This module's reading
 of them, every open choice listed with its reason in docs/papers/rice.md:
 
 1. Anchors (`choose_anchors`): of an episode's turns that the env executed as an action (its `effect` is a

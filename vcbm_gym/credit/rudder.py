@@ -421,7 +421,7 @@ class RudderRule(RewardRule):
         return {
             "config": asdict(self.config),
             "n_features": int(self.featurizer.n_features),
-            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "model": {k: v.detach().numpy().copy() for k, v in self.model.state_dict().items()},
             "optimizer": {
                 "step": self.adam.step,
                 "exp_avg": [m.copy() for m in self.adam.exp_avg],
@@ -440,7 +440,7 @@ class RudderRule(RewardRule):
                 f"RudderRule.load_state_dict: saved with {state['n_features']} features, "
                 f"expected this rule's featurizer's {self.featurizer.n_features}"
             )
-        self.model.load_state_dict(state["model"])
+        self.model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in state["model"].items()})
         optimizer = state["optimizer"]
         self.adam = AdamState(
             int(optimizer["step"]), [np.array(m) for m in optimizer["exp_avg"]], [np.array(v) for v in optimizer["exp_avg_sq"]]
