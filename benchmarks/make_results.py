@@ -214,7 +214,7 @@ def exact_gradient_section(path: Path) -> str:
 
 
 def credit_reference_section(paths: list[Path]) -> str:
-    """algorithms/credit_reference.py: every rule's per-step credit against the replay-defined reference, one table per env."""
+    """algorithms/credit_reference/: every rule's per-step credit against the replay-defined reference, one table per env."""
     title = "Replay-defined credit: each rule's fidelity to the reference Q(s_t, a_t) - V(s_t)"
     body = []
     for path in paths:
@@ -338,6 +338,8 @@ def _details(name: str, path: Path) -> str:
     }
     if name in kind:
         text = kind[name]()
+    elif (path / "results.md").is_file() and (path / "experiment.json").is_file():  # an LLM study's own table
+        text = f"## \n\n{provenance(_read(path / 'run.json'))}\n{(path / 'results.md').read_text()}"
     elif name.startswith("bsuite_"):
         text = suite_section("", path, how)
     elif name.startswith("credit_leakage_"):
