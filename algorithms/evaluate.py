@@ -30,7 +30,7 @@ from algorithms.common import cli
 from algorithms.common.cli import read_json_object
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.extras import require_extra
-from algorithms.llm.prompting import truncate_messages
+from algorithms.llm.generation.prompting import truncate_messages
 
 Policy = Callable[[str, list[dict]], str | None]  # (task_id, messages) -> code, None = stop
 
@@ -72,13 +72,13 @@ def model_policy(name: str, seed: int, max_new_tokens: int, max_prompt_chars: in
     import torch
 
     if name == "tiny":
-        from algorithms.llm.tiny import build_tiny
+        from algorithms.llm.model.tiny import build_tiny
 
         model, tokenizer = build_tiny(seed)
     else:
         from transformers import AutoModelForCausalLM
 
-        from algorithms.llm.tiny import load_tokenizer
+        from algorithms.llm.model.tiny import load_tokenizer
 
         try:
             tokenizer = load_tokenizer(name)

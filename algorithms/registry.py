@@ -14,7 +14,7 @@ from algorithms.common.extras import require_extra
 from algorithms.common.spec import Arm, canonical_algo
 
 TABULAR, SB3, LLM = "algorithms.tabular.runner", "algorithms.sb3.runner", "algorithms.llm.runner"
-TWO_ROLE = "algorithms.llm.two_role_runner"  # the LLM arm, two roles
+TWO_ROLE = "algorithms.llm.two_role.runner"  # the LLM arm, two roles
 
 
 @dataclass(frozen=True)

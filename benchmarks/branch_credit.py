@@ -356,7 +356,7 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
     out = cli.output_dir(args.out, "--out")
     start = time.perf_counter()
     from algorithms.common.provenance import command_line, environment_record
-    from algorithms.llm.warm_start import cached_warm_start
+    from algorithms.llm.model.warm_start import cached_warm_start
 
     record = environment_record()
     warm_start = cached_warm_start().name

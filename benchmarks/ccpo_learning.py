@@ -9,7 +9,7 @@ model (`--model tiny`, full fine-tuning) on TextThinkSolve-v0 with `rule: brand`
 Thinker sees the watch's record and writes a note, the Solver sees only the note and answers repair() or skip();
 under `rule: brand` the brand alone decides, as in TextWatchRepair; the verifier scores +1 / -1, no noise), with
 the zoo entry (zoo_configs/ccpo.yml) and the hyperparameters below, the same for every method, so that only the
-credit differs (docs/papers/ccpo.md; algorithms/llm/two_role.py):
+credit differs (docs/papers/ccpo.md; algorithms/llm/two_role/trainer.py):
 - `grpo`: both roles paid the shared R_joint (the baseline);
 - `ccpo`: the Thinker paid R_joint + 0.2 x (helped - hurt) against the group's solo baseline, the Solver R_joint;
 - `sepo`: each role's reward shifted by its centred share of the credit, from the splits both roles write
@@ -284,7 +284,7 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
     out = cli.output_dir(args.out, "--out")
     start = time.perf_counter()
     from algorithms.common.provenance import command_line, environment_record
-    from algorithms.llm.warm_start import cached_warm_start
+    from algorithms.llm.model.warm_start import cached_warm_start
 
     record = environment_record()
     warm_start = cached_warm_start().name

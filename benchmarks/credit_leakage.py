@@ -46,13 +46,14 @@ import vcbm_gym  # noqa: F401  (registers WatchRepair-v0)
 from algorithms.common import provenance
 from algorithms.common.cli import ArgumentParser, atomic_write_json, check_int, check_output_dir, main, output_dir
 from algorithms.common.errors import VcbmGymError
-from algorithms.credit_reference import BATCH_PROVIDES, RULE_KWARGS, episode_batch, leakage_sums
+from algorithms.credit_reference.replay import BATCH_PROVIDES, RULE_KWARGS, episode_batch
+from algorithms.credit_reference.scoring import leakage_sums
 from vcbm_gym.credit.base import EpisodeBatch, unmet_needs
 from vcbm_gym.credit.registry import HOW_TO_REGISTER, RuleLookupError, is_rule, make_rule, rule_names
 
 DEFAULT_RULES = ("broadcast", "loo", "grpo", "ircr", "rudder", "rrd", "vcbm_bookmark")
 # RULE_KWARGS (baselines that need no critic), BATCH_PROVIDES and `episode_batch` are shared with the replay
-# reference (algorithms/credit_reference.py), which scores the same rules on the same kind of episodes.
+# reference (algorithms/credit_reference/), which scores the same rules on the same kind of episodes.
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "credit_leakage.json"
 
 

@@ -469,7 +469,7 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
 
     record = environment_record()  # the commit the runs ran on, read before they start
 
-    from algorithms.llm.warm_start import cached_warm_start
+    from algorithms.llm.model.warm_start import cached_warm_start
 
     warm_start = cached_warm_start().name  # built once, before the workers need it; its name is its key
     jobs = [

@@ -2,9 +2,9 @@
 
 `before` is the earlier `hf_generate` (kept here as the reference): `output_scores=True` keeps one
 [episodes, vocab] score tensor per generated step, then a log_softmax of each is stacked into
-[episodes, steps, vocab]. `after` is `algorithms.llm.rollout.hf_generate`, which gathers the sampled
+[episodes, steps, vocab]. `after` is `algorithms.llm.generation.rollout.hf_generate`, which gathers the sampled
 token's log-prob from one step's log_softmax at a time. Both run the tiny random Qwen2 of
-algorithms.llm.tiny with a large synthetic vocabulary (default 152,000, Qwen2.5's order), the same
+algorithms.llm.model.tiny with a large synthetic vocabulary (default 152,000, Qwen2.5's order), the same
 contexts and the same seed, each in its own subprocess; the peak resident set size
 (resource.getrusage maxrss) is printed side by side with the ratio, together with the peak above
 the process's size just before generating and whether both produced the same tokens and log-probs.
@@ -30,7 +30,7 @@ def full_vocab_generate(model, tokenizer, contexts, max_new_tokens, temperature)
     """The earlier hf_generate: `output_scores=True` and a stacked [episodes, steps, vocab] log_softmax."""
     import torch
 
-    from algorithms.llm.rollout import answers_until_eos, left_padded
+    from algorithms.llm.generation.rollout import answers_until_eos, left_padded
 
     pad = tokenizer.pad_token_id
     input_ids, attention = left_padded(contexts, pad)
@@ -63,8 +63,8 @@ def measure(method: str, vocab: int, episodes: int, steps: int, temperature: flo
     import torch
 
     sys.path.insert(0, str(REPO))
-    from algorithms.llm.rollout import hf_generate
-    from algorithms.llm.tiny import build_tiny_model
+    from algorithms.llm.generation.rollout import hf_generate
+    from algorithms.llm.model.tiny import build_tiny_model
 
     torch.set_num_threads(1)
     model = build_tiny_model(vocab_size=vocab)

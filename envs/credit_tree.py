@@ -1,4 +1,4 @@
-"""CreditTree-v0: a few-step binary tree with one delayed reward (issue 34, item 3; docs/papers/cocoa.md).
+"""CreditTree-v0: a few-step binary tree with one delayed reward (docs/papers/cocoa.md).
 
 A test bed for exact policy gradients, small enough to enumerate by hand (COCOA's own tree task,
 `ccoa/envs/tree.py`, is the same idea with more branches). The agent starts at the root of a binary tree of

@@ -1,4 +1,4 @@
-"""LinearKeyToDoor-v0: COCOA's linear key-to-door conveyor (issue 34, item 3; docs/papers/cocoa.md).
+"""LinearKeyToDoor-v0: COCOA's linear key-to-door conveyor (docs/papers/cocoa.md).
 
 Meulemans et al., NeurIPS 2023, "Would I have gotten that reward? Long-term credit assignment by
 counterfactual contribution analysis", arXiv:2306.16803 (the "treasure conveyor"; code seijin-kobayashi/cocoa,

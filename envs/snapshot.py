@@ -1,4 +1,4 @@
-"""Snapshot and branch: an optional env protocol, for credit measured by replaying continuations (issue 34).
+"""Snapshot and branch: an optional env protocol, for credit measured by replaying continuations.
 
 An env that offers it has, on its unwrapped instance (`Snapshotable`):
 

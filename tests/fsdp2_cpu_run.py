@@ -59,8 +59,8 @@ def first_prompts(tokenizer, seeds) -> list[list[int]]:
     import gymnasium as gym
 
     import vcbm_gym  # noqa: F401  (registers the text envs)
-    from algorithms.llm.prompting import initial_messages
-    from algorithms.llm.rollout import render
+    from algorithms.llm.generation.prompting import initial_messages
+    from algorithms.llm.generation.rollout import render
 
     if not seeds:
         return []
@@ -76,8 +76,8 @@ def primitives(rank: int, folder: str) -> None:
     from accelerate import Accelerator
 
     from algorithms.llm import build
-    from algorithms.llm.rollout import hf_generate
-    from algorithms.llm.tiny import build_tiny
+    from algorithms.llm.generation.rollout import hf_generate
+    from algorithms.llm.model.tiny import build_tiny
 
     accelerator = Accelerator(cpu=True)
     model, tokenizer = build.model_and_tokenizer(folder, 0, False)  # answers end at EOS after a few tokens
@@ -134,7 +134,7 @@ def train(rank: int, argv: list[str]) -> int:
 
     from algorithms import train as train_module
     from algorithms.llm import build
-    from algorithms.llm import trainer as trainer_module
+    from algorithms.llm.training import trainer as trainer_module
 
     class FirstTurnOnly(gym.Wrapper):
         def step(self, action):

@@ -8,7 +8,7 @@ import numpy as np
 from accelerate import Accelerator
 
 sys.path.insert(0, sys.argv[1])  # the repository root
-from algorithms.llm.trainer import gather_episode_batch  # noqa: E402
+from algorithms.llm.training.batch import gather_episode_batch  # noqa: E402
 from vcbm_gym.credit.base import EpisodeBatch  # noqa: E402
 from vcbm_gym.credit.registry import make_rule  # noqa: E402
 

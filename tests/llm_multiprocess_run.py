@@ -16,16 +16,16 @@ import sys
 
 sys.path.insert(0, sys.argv[1])  # the repository root
 from algorithms import train as train_module  # noqa: E402
-from algorithms.llm import trainer as trainer_module  # noqa: E402
+from algorithms.llm.training import loop as loop_module  # noqa: E402
 
 dump_dir = sys.argv[2]
-original = trainer_module.LoopTrainer.token_advantages
+original = loop_module.LoopTrainer.token_advantages
 calls = {"n": 0}
 
 
 def recording_token_advantages(self, batch):
     advantages = original(self, batch)
-    full, start = trainer_module.gather_episode_batch(self.accelerator, batch)
+    full, start = loop_module.gather_episode_batch(self.accelerator, batch)
     record = {"full": full, "start": start, "rows": batch.batch_size, "width": batch.rewards.shape[1], "advantages": advantages}
     path = os.path.join(dump_dir, f"call{calls['n']}_rank{self.accelerator.process_index}.pkl")
     with open(path, "wb") as f:
@@ -45,7 +45,7 @@ def recording_run(argv):
     return summary
 
 
-trainer_module.LoopTrainer.token_advantages = recording_token_advantages
+loop_module.LoopTrainer.token_advantages = recording_token_advantages
 train_module.run = recording_run
 code = train_module.main(sys.argv[3:])
 import torch.distributed  # noqa: E402  (imported by the run already)

@@ -17,10 +17,11 @@ import pytest
 gym = pytest.importorskip("gymnasium")
 
 import vcbm_gym  # noqa: E402,F401  (registers AppWorld-v0)
-from envs.appworld import synthetic  # noqa: E402  (plain Python: scenario ids and cells)
+from envs.appworld import synthetic, synthetic_tasks  # noqa: E402  (plain Python: scenario ids and cells)
 from envs.appworld.effect import code_effect  # noqa: E402
 from envs.appworld.env import AppWorldEnv, AppWorldServerError, code_from_action  # noqa: E402
-from envs.appworld.pool import CACHE_DIR, shared_pool  # noqa: E402
+from envs.appworld.pool import shared_pool  # noqa: E402
+from envs.appworld.server_process import CACHE_DIR  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def test_reference_script_gets_full_reward(appworld, scenario):
     task_id = dev_task(scenario)
     obs, info = env.reset(options={"task_id": task_id})
     assert "Task:" in obs and "Supervisor:" in obs and info["task_id"] == task_id
-    assert info["difficulty"] == synthetic.SCENARIOS[scenario][0]
+    assert info["difficulty"] == synthetic_tasks.SCENARIOS[scenario][0]
     steps = play(env, oracle_cells(root, task_id))
     *middle, (_, reward, terminated, truncated, last) = steps
     assert all(r == 0.0 and not t for _, r, t, _, _ in middle)  # reward only at the end
@@ -112,7 +113,7 @@ def test_wrong_script_gets_less(appworld):
     steps = play(
         env,
         [
-            synthetic.LOGIN_CELL,
+            synthetic_tasks.LOGIN_CELL,
             "apis.simple_note.create_note(access_token=token, title='Wrong title', content='wrong')",
             "apis.supervisor.complete_task()",
         ],
@@ -128,7 +129,7 @@ def test_state_mutating_comes_from_database_writes(appworld):
     pool, _ = appworld
     env = gym.make("AppWorld-v0", split="dev", server_pool=pool)
     env.reset(options={"task_id": dev_task("create_note")})
-    _, _, _, _, login = env.step(synthetic.LOGIN_CELL)
+    _, _, _, _, login = env.step(synthetic_tasks.LOGIN_CELL)
     assert {"method": "POST", "app": "simple_note", "api": "login"} in login["api_calls"]
     assert login["state_mutating"] is False and login["db_writes"] == []
     _, _, _, _, failed_delete = env.step("print(apis.simple_note.delete_note(access_token=token, note_id=987654))")
@@ -203,7 +204,7 @@ def test_killed_server_is_replaced_and_the_episode_fails_clearly(appworld):
     pool, root = appworld
     env = gym.make("AppWorld-v0", split="dev", server_pool=pool)
     env.reset(options={"task_id": dev_task("create_note")})
-    env.step(synthetic.LOGIN_CELL)
+    env.step(synthetic_tasks.LOGIN_CELL)
     server = env.unwrapped._server
     restarts = server.restarts
     os.killpg(server.process.pid, signal.SIGKILL)
@@ -240,12 +241,12 @@ def test_evaluate_cli_reports_tgc_and_sgc(appworld, tmp_path):
         return run([*argv, "--appworld-root", str(root)])
 
     summary = evaluate("scripted:oracle", "oracle")
-    assert summary["num_tasks"] == len(synthetic.SCENARIOS) * 2
+    assert summary["num_tasks"] == len(synthetic_tasks.SCENARIOS) * 2
     assert summary["table_iii"]["TGC, all diff."] == 1.0 and summary["table_iii"]["SGC, all diff."] == 1.0
     assert (tmp_path / "oracle" / "table.md").read_text().startswith("| Metric |")
 
     lazy = tmp_path / "lazy.json"  # logs in, then claims to be done: only "change nothing" tests pass
-    lazy.write_text(json.dumps({"*": [synthetic.LOGIN_CELL, "apis.supervisor.complete_task()"]}))
+    lazy.write_text(json.dumps({"*": [synthetic_tasks.LOGIN_CELL, "apis.supervisor.complete_task()"]}))
     summary = evaluate(f"scripted:{lazy}", "lazy")
     table = summary["table_iii"]
     assert table["TGC, all diff."] == 0.0 and table["SGC, all diff."] == 0.0

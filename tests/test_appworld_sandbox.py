@@ -31,7 +31,9 @@ pytest.importorskip("gymnasium")
 from envs.appworld import sandbox as sandbox_module  # noqa: E402
 from envs.appworld import synthetic  # noqa: E402
 from envs.appworld.env import AppWorldEnv, AppWorldServerError  # noqa: E402
-from envs.appworld.pool import CACHE_DIR, AppWorldServerPool, SandboxUnavailableError  # noqa: E402
+from envs.appworld.pool import AppWorldServerPool, SandboxUnavailableError  # noqa: E402
+from envs.appworld.server_process import CACHE_DIR  # noqa: E402
+from tests.helpers import descendants, wait_gone  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SECRET = f"vcbm-test-secret-{secrets.token_hex(8)}"
@@ -428,35 +430,6 @@ def test_the_checks_catch_escapes_without_the_sandbox(world):
     assert missed == ESCAPE_UNCAUGHT_UNSANDBOXED, {name: caught[name] for name in missed}
 
 
-def _descendants(pid: int) -> set[int]:
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-    found, todo = set(), [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def _running(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state not in ("Z", "X"):
-            alive.add(pid)
-    return alive
-
-
 OWNER = """
 import json, sys, time
 from envs.appworld.pool import AppWorldServerPool
@@ -479,14 +452,13 @@ def test_no_server_outlives_its_owner(data, how):
     workdir = None
     try:
         workdir = Path(json.loads(owner.stdout.readline())["workdir"])
-        servers = _descendants(owner.pid)
+        servers = descendants(owner.pid)
         assert len(servers) >= 4  # bwrap and the server, for the world and the evaluator
         owner.send_signal(getattr(signal, how))
         start = time.monotonic()
-        while _running(servers) and time.monotonic() - start < 10:
-            time.sleep(0.05)
+        running = wait_gone(servers)
         gone = time.monotonic() - start
-        assert not _running(servers), f"still running {gone:.1f} s after {how}: {_running(servers)}"
+        assert not running, f"still running {gone:.1f} s after {how}: {running}"
         print(f"{how}: every server process gone {gone:.2f} s after the owner was signalled")
         owner.wait(timeout=10)
         if how == "SIGTERM":  # the handler closed the pool, then the process died of SIGTERM

@@ -1,5 +1,5 @@
-"""The tabular and SB3 arms as `Arm` objects (issue 24): one resolution into a frozen RunSpec holding the typed
-config, config hashes as before, runs that read the typed config only, and credit rules checked by their own
+"""The tabular and SB3 arms as `Arm` objects : one resolution into a frozen RunSpec holding the typed
+config, stable config hashes, runs that read the typed config only, and credit rules checked by their own
 declarations against what each arm provides."""
 
 from __future__ import annotations
@@ -58,7 +58,8 @@ def test_tabular_resolve_builds_the_typed_config_once_and_keeps_the_table_ii_has
     }
     assert dict(spec.hyperparams) == expected
     assert spec.config_hash == old_identity_hash("vcbm", "WatchRepair-v0", 0, expected)
-    # the hash python -m algorithms.train --algo vcbm --env WatchRepair-v0 --seed 0 had before RunSpec (commit 5b14e0a^)
+    # the hash of python -m algorithms.train --algo vcbm --env WatchRepair-v0 --seed 0: a config hash names a run's
+    # results, so the way the config is resolved must not change it
     assert spec.config_hash == "976dc1a89c0a353b"
 
 
@@ -75,8 +76,8 @@ def test_sb3_resolve_builds_the_typed_config_once_and_keeps_the_hash():
     expected = {**dataclasses.asdict(sb3_runner.SB3RunConfig(**run_args)), **algo_args}
     assert json.loads(json.dumps(dict(spec.hyperparams))) == json.loads(json.dumps(expected))
     assert spec.config_hash == old_identity_hash("ppo", "WatchRepair-v0", 0, json.loads(json.dumps(expected)))
-    # a15b2c3517b26273 before RunSpec (commit 5b14e0a^); SB3RunConfig then gained max_steps and eval_every_steps /
-    # eval_episodes (SAC/TD3 on MuJoCo), which are settings of every SB3 run: its identity changed with them
+    # SB3RunConfig's max_steps and eval_every_steps / eval_episodes (SAC/TD3 on MuJoCo) are settings of every SB3
+    # run, so they are part of its identity
     assert spec.config_hash == "810cd78768004315"
 
 

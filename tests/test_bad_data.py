@@ -1,4 +1,4 @@
-"""Issue 25, no silent wrong result from bad data: a NaN or infinite reward is refused at its step (DelayedReward,
+"""No silent wrong result from bad data: a NaN or infinite reward is refused at its step (DelayedReward,
 check_contract) or episode (a training run), and an env that mutates an observation it returned is named as such.
 Damaged TensorBoard event files: tests/test_plot.py."""
 
@@ -188,8 +188,8 @@ def test_a_run_on_an_env_with_a_nan_reward_is_refused_with_one_line(bad_reward_e
 def test_the_llm_rollout_refuses_a_nan_reward_at_its_turn_instead_of_averaging_it():
     """The LLM arm's mean return must not turn NaN: play_episodes checks each turn's reward (one line, naming it)."""
     pytest.importorskip("transformers")
-    from algorithms.llm.rollout import play_episodes
-    from algorithms.llm.tiny import build_tiny
+    from algorithms.llm.generation.rollout import play_episodes
+    from algorithms.llm.model.tiny import build_tiny
 
     _, tok = build_tiny(0)
     env = gym.make("TextWatchRepair-v0")

@@ -1,4 +1,4 @@
-"""The branch-based credit rules (vcbm_gym/credit/vineppo.py, rice.py; issue 34 item 4): hand-computed cases of their
+"""The branch-based credit rules (vcbm_gym/credit/vineppo.py, rice.py): hand-computed cases of their
 pure parts, the continuations the LLM arm plays for them (restored from env snapshots, the same prefix), their
 compute counted in every iteration's metrics and the run's summary, and the one-line refusals."""
 
@@ -139,8 +139,8 @@ def test_other_arms_refuse_a_branch_rule_in_one_line():
 # --- the LLM arm's continuations ------------------------------------------------------------------------------------
 def test_a_continuation_from_a_snapshot_replays_the_episode_under_the_same_answers_and_outcome():
     pytest.importorskip("trl")
-    from algorithms.llm.rollout import play_continuations, play_episodes
-    from algorithms.llm.tiny import build_tiny
+    from algorithms.llm.generation.rollout import play_continuations, play_episodes
+    from algorithms.llm.model.tiny import build_tiny
 
     _, tok = build_tiny(0)
     answers = [tok(text, add_special_tokens=False)["input_ids"] for text in ("repair()", "wait()")]

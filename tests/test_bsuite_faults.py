@@ -1,4 +1,4 @@
-"""Fault round 3 (issue 36, defects 1-11): bad bsuite logs, bsuite ids and suite arguments are one line each,
+"""Bad bsuite logs, bsuite ids and suite arguments are one line each,
 refused before anything is written or run; valid ones still score and run."""
 
 import fcntl
@@ -19,6 +19,7 @@ from algorithms.common.errors import ConfigError, VcbmGymError  # noqa: E402
 from algorithms.experiment import suite  # noqa: E402
 from algorithms.experiment.results import LOCK_FILE, locked  # noqa: E402
 from envs.bsuite import BSuiteEnv, csv_log_path, env_id_problem  # noqa: E402
+from tests.helpers import one_error_line  # noqa: E402
 
 UMBRELLA = "umbrella_length/3"  # a chain of 4 steps
 
@@ -37,12 +38,6 @@ def play(bsuite_id: str, log_dir: Path, first_action, episodes: int = 20) -> Pat
 
 def wrong_umbrella(obs):
     return 1 - int(obs[0])  # the umbrella exactly when it will not rain: regret 2 per episode
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert err.startswith("error:") and err.count("\n") == 1, err
-    return err
 
 
 def score_cli(capsys, log_dir: Path, tmp_path: Path) -> tuple[int, str]:

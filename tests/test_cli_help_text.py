@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from algorithms import compare, credit_reference, evaluate, plot, suite, train, tune
+from algorithms import compare, evaluate, plot, suite, train, tune
+from algorithms.credit_reference import cli as credit_reference
 from algorithms.tabular import vcbm_batch
 
 COMMANDS = {

@@ -258,7 +258,7 @@ def test_results_and_table_give_iqm_and_probability_of_improvement_with_cis(tmp_
 
 def test_an_env_without_the_convergence_criterion_is_refused_before_any_run(tmp_path, capsys):
     """CartPole reports no first_decision_optimal: its runs train for their budget with null convergence
-    fields (issue16), which compare cannot turn into episodes to converge; one line, nothing run."""
+    fields, which compare cannot turn into episodes to converge; one line, nothing run."""
     argv = ["--env", "CartPole-v1", "--algos", "ppo", "--seeds", "2", "--max-episodes", "5", "--workers", "0",
             "--out", str(tmp_path), "--no-progress"]  # fmt: skip
     assert main(argv) == 2

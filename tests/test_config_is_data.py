@@ -1,5 +1,5 @@
 """A config file is data: the names in it resolve through the project's registries only, so loading someone else's
-config.yml (as the README invites) cannot import a module or call a function of the file's choosing."""
+config.yml (as docs/usage.md invites) cannot import a module or call a function of the file's choosing."""
 
 from __future__ import annotations
 
@@ -55,23 +55,25 @@ def test_config_system_prompt_naming_a_module_is_refused_in_one_line_and_nothing
 
 
 def test_prompt_names_resolve_through_the_registry_only():
-    from algorithms.llm.prompting import PROMPT_ALIASES, PROMPTS, prompt_name, system_prompt_text
+    from algorithms.llm.generation.prompting import PROMPT_ALIASES, PROMPTS, prompt_name, system_prompt_text
 
     assert prompt_name(None) is None
     for name in PROMPTS:
         assert prompt_name(name) == name
-    # each registered function's own path is another name of it, found in the table
+    # each registered function's own path is another name of it, found in the table, and so is the tiny prompt's
+    # path in config.yml files of earlier versions
+    assert prompt_name("algorithms.llm.generation.prompting:tiny_system_prompt") == "tiny"
     assert prompt_name("algorithms.llm.warm_start:tiny_system_prompt") == "tiny"
     assert prompt_name("envs.appworld.prompt:system_prompt") == "appworld"
     assert set(PROMPT_ALIASES.values()) == set(PROMPTS)
-    from algorithms.llm.warm_start import tiny_system_prompt
+    from algorithms.llm.generation.prompting import tiny_system_prompt
     from envs.appworld.prompt import system_prompt
 
     assert system_prompt_text("tiny") == tiny_system_prompt()
     assert system_prompt_text("appworld", one_shot=False) == system_prompt(False)
     assert system_prompt_text("envs.appworld.prompt:system_prompt", one_shot=True) == system_prompt(True)
     assert system_prompt_text(None) is None
-    for bad in ("os:close", "os", "algorithms.llm.warm_start:TINY_SYSTEM_PROMPT", "Tiny", 3, ["tiny"]):
+    for bad in ("os:close", "os", "algorithms.llm.generation.prompting:TINY_SYSTEM_PROMPT", "Tiny", 3, ["tiny"]):
         with pytest.raises(ValueError, match="is not a registered prompt: expected one of tiny, appworld"):
             prompt_name(bad)
 
@@ -87,7 +89,7 @@ def test_trainer_config_holds_the_registered_name():
 
 def test_zoo_entries_name_registered_prompts():
     from algorithms.common.config import ZOO_CONFIG_DIR
-    from algorithms.llm.prompting import PROMPTS
+    from algorithms.llm.generation.prompting import PROMPTS
 
     named = [
         entry["system_prompt"]

@@ -1,5 +1,5 @@
 """VCBM's context test (causal_test "frequency+value+context", the default; docs/papers/vcbm.md "The context
-test", issue 36) and ContextMatch-v0 (envs/context_match.py), the task it exists for: a flag that the first
+test") and ContextMatch-v0 (envs/context_match.py), the task it exists for: a flag that the first
 action sets where it matches a static context bit. Averaged over the bit, the flag changes, and arrives at 1,
 equally often under both actions, so the paper's Eq. 10 and the value test call it noise and VCBM plays at
 random; within each context the action decides it.
@@ -284,7 +284,7 @@ def test_the_default_is_the_context_test_and_the_paper_test_stays_selectable():
 
 
 def test_vcbm_with_its_defaults_learns_context_match(tmp_path):
-    """Issue 36's acceptance: the flag is labelled controlled and the decisions reach 90% correct (the runner
+    """With its defaults VCBM labels the flag controlled and the decisions reach 90% correct (the runner
     stops at the convergence criterion, 95% over 750 episodes, which is 25 sd of the window rate above chance)."""
     for seed in SEEDS:
         summary = _train(tmp_path, f"default{seed}", seed)

@@ -1,4 +1,4 @@
-"""Replay-defined credit (algorithms/credit_reference.py, issue 34 item 2): the reference reproduces WatchRepair's
+"""Replay-defined credit (algorithms/credit_reference/): the reference reproduces WatchRepair's
 closed-form first-decision credit within its standard error, is zero-mean under the behaviour policy, is exactly 0
 where an action changes nothing (common random numbers), scores a rule that returns it as perfect and its negation
 as wrong, and refuses bad input in one line before writing anything."""
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import vcbm_gym  # noqa: F401 (registers the envs)
-from algorithms import credit_reference as cr
+from algorithms.credit_reference import cli as reference_cli
+from algorithms.credit_reference import replay, scoring
 from envs.snapshot import snapshot
 from envs.watch_repair import KEEP, REPAIR
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
@@ -25,11 +26,11 @@ Z = 4.0  # a fixed seed makes a pass reproducible; 4 SE keeps a correct estimato
 
 def first_decision(policy_name: str, brand: int, k: int = 1500) -> dict[str, Any]:
     """The replay estimates at WatchRepair's first step for a given brand."""
-    env = cr.make_env("WatchRepair-v0")
+    env = reference_cli.make_env("WatchRepair-v0")
     _, reset_info = env.reset(seed=brand, options={"brand": brand})
-    policy, turn = cr.BehaviourPolicy(policy_name), cr.current_turn(env, 0, reset_info)
-    returns = cr.replay_returns(env, snapshot(env), policy, 0, turn, reset_info, k, np.random.SeedSequence(7))
-    return cr.replay_estimates(returns, policy.probabilities(turn))
+    policy, turn = replay.BehaviourPolicy(policy_name), replay.current_turn(env, 0, reset_info)
+    returns = replay.replay_returns(env, snapshot(env), policy, 0, turn, reset_info, k, np.random.SeedSequence(7))
+    return replay.replay_estimates(returns, policy.probabilities(turn))
 
 
 @pytest.mark.parametrize("brand", [1, 3])
@@ -60,20 +61,20 @@ def test_reference_is_zero_mean_under_the_behaviour_policy():
     for _ in range(20):
         n = int(rng.integers(2, 6))
         probabilities = rng.dirichlet(np.ones(n))
-        estimates = cr.replay_estimates(rng.normal(size=(n, 7)) * 10, probabilities)
+        estimates = replay.replay_estimates(rng.normal(size=(n, 7)) * 10, probabilities)
         assert probabilities @ estimates["credit"] == pytest.approx(0.0, abs=1e-12)
         assert estimates["v"] == pytest.approx(probabilities @ estimates["q"])
 
 
 def test_only_the_decision_carries_credit_and_branches_share_random_numbers():
-    env = cr.make_env("WatchRepair-v0")
-    policy = cr.BehaviourPolicy("uniform")
-    common = [cr.replay_episode(env, policy, seed, np.random.SeedSequence(seed), 4, True, "auto") for seed in range(8)]
+    env = reference_cli.make_env("WatchRepair-v0")
+    policy = replay.BehaviourPolicy("uniform")
+    common = [replay.replay_episode(env, policy, seed, np.random.SeedSequence(seed), 4, True, "auto") for seed in range(8)]
     assert all(e.decision_step == 0 and len(e.credit) == 50 for e in common)
     assert all(e.credit[0] != 0 and np.all(e.credit[1:] == 0) and np.all(e.credit_se[1:] == 0) for e in common)
     # A repaired watch's later steps still have noise (counters, transport) for independent branches to disagree on.
     seed = next(seed for seed, e in enumerate(common) if e.actions[0] == REPAIR)
-    independent = cr.replay_episode(env, policy, seed, np.random.SeedSequence(seed), 4, False, "auto")
+    independent = replay.replay_episode(env, policy, seed, np.random.SeedSequence(seed), 4, False, "auto")
     assert np.array_equal(independent.actions, common[seed].actions)  # the same episode, branched differently
     assert np.any(independent.credit[1:] != 0)
 
@@ -100,14 +101,14 @@ def tiny_args(**changes: Any) -> argparse.Namespace:
 
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_the_reference_itself_scores_perfect_fidelity_and_its_negation_scores_wrong(monkeypatch, sign):
-    env = cr.make_env("WatchRepair-v0")
-    policy, fit = cr.BehaviourPolicy("uniform"), replace(cr.probe_branching(env, "WatchRepair-v0"), episodes=4)
-    references = [e.credit for e in cr.run_seed(env, policy, tiny_args(), 0, [], fit)["episodes"]]
-    monkeypatch.setattr(cr, "make_rule", lambda *args, **kwargs: Oracle(references, sign))
-    rerun = cr.run_seed(env, policy, tiny_args(), 0, ["oracle"], fit)  # the same seed replays the same episodes
+    env = reference_cli.make_env("WatchRepair-v0")
+    policy, fit = replay.BehaviourPolicy("uniform"), replace(reference_cli.probe_branching(env, "WatchRepair-v0"), episodes=4)
+    references = [e.credit for e in scoring.run_seed(env, policy, tiny_args(), 0, [], fit)["episodes"]]
+    monkeypatch.setattr(scoring, "make_rule", lambda *args, **kwargs: Oracle(references, sign))
+    rerun = scoring.run_seed(env, policy, tiny_args(), 0, ["oracle"], fit)  # the same seed replays the same episodes
     assert all(np.array_equal(a.credit, b) for a, b in zip(rerun["episodes"], references))
-    summary = cr.summarise(rerun["rules"]["oracle"]["scores"])
-    value = {metric: summary[metric]["estimate"] for metric in cr.METRICS}
+    summary = scoring.summarise(rerun["rules"]["oracle"]["scores"])
+    value = {metric: summary[metric]["estimate"] for metric in scoring.METRICS}
     if sign > 0:
         assert value == pytest.approx({"sign_all": 1, "sign_nz": 1, "spearman": 1, "top_action": 1, "cosine": 1, "leakage": 0})
     else:
@@ -118,13 +119,13 @@ def test_the_reference_itself_scores_perfect_fidelity_and_its_negation_scores_wr
 def test_a_tiny_run_writes_its_json_and_table(tmp_path, capsys):
     out = tmp_path / "new" / "ref_{env}.json"
     argv = ["--env", "WatchRepair-v0", "--rules", "broadcast,loo,casi", "--seeds", "2", "--episodes", "3", "--k", "2"]
-    assert cr.main([*argv, "--train-episodes", "4", "--batch-episodes", "2", "--out", str(out)]) == 0
+    assert reference_cli.main([*argv, "--train-episodes", "4", "--batch-episodes", "2", "--out", str(out)]) == 0
     result = json.loads((tmp_path / "new" / "ref_WatchRepair-v0.json").read_text())
     assert set(result["rules"]) == {"broadcast", "loo", "casi"} and "refused" in result["rules"]["casi"]
     assert result["reference"]["leakage"]["estimate"] == 0.0 and len(result["reference_episodes"]) == 6
     assert result["rules"]["broadcast"]["summary"]["leakage"]["estimate"] == pytest.approx(49 / 50)
     table = (tmp_path / "new" / "ref_WatchRepair-v0.md").read_text()
-    assert table.count("\n| `") == 3 and result["run"]["command"].startswith(cr.PROG)
+    assert table.count("\n| `") == 3 and result["run"]["command"].startswith(reference_cli.PROG)
 
 
 @pytest.mark.parametrize(
@@ -148,7 +149,7 @@ def test_a_tiny_run_writes_its_json_and_table(tmp_path, capsys):
 def test_bad_input_is_one_line_before_anything_is_written(tmp_path, monkeypatch, capsys, argv, start):
     monkeypatch.chdir(tmp_path)
     out = ["--out", str(tmp_path / "new" / "r_{env}.json")] if "--out" not in argv else []
-    assert cr.main([*argv, *out]) == 2
+    assert reference_cli.main([*argv, *out]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(start), lines
     assert list(tmp_path.iterdir()) == []
@@ -157,7 +158,7 @@ def test_bad_input_is_one_line_before_anything_is_written(tmp_path, monkeypatch,
 def test_scripted_policy_needs_an_env_that_names_its_best_first_action(tmp_path, capsys):
     pytest.importorskip("bsuite")
     argv = ["--env", "umbrella_length/9", "--policy", "scripted", "--out", str(tmp_path / "new" / "r_{env}.json")]
-    assert cr.main(argv) == 2
+    assert reference_cli.main(argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "does not report optimal_first_action" in lines[0]
     assert not (tmp_path / "new").exists()
@@ -169,7 +170,7 @@ def test_env_kwargs_reach_gym_make_and_the_recorded_settings(tmp_path, capsys):
     out = tmp_path / "r_{env}.json"
     argv = ["--env", "umbrella_length/0", "--env-kwargs", "{integer_observations: true}", "--rules", "vcbm_bookmark"]
     argv += ["--seeds", "1", "--episodes", "4", "--train-episodes", "0", "--k", "2", "--out", str(out)]
-    assert cr.main(argv) == 0
+    assert reference_cli.main(argv) == 0
     result = json.loads((tmp_path / "r_umbrella_length_0.json").read_text())
     assert result["settings"]["env_kwargs"] == {"integer_observations": True}
     assert "refused" not in result["rules"]["vcbm_bookmark"]
@@ -177,4 +178,4 @@ def test_env_kwargs_reach_gym_make_and_the_recorded_settings(tmp_path, capsys):
 
 def test_per_episode_scores_are_stored_one_list_per_metric():
     rows = [{"sign_all": 1.0, "cosine": 0.5}, {"sign_all": 0.0, "leakage": 0.25}]
-    assert cr.columns(rows) == {"sign_all": [1.0, 0.0], "cosine": [0.5, None], "leakage": [None, 0.25]}
+    assert reference_cli.columns(rows) == {"sign_all": [1.0, 0.0], "cosine": [0.5, None], "leakage": [None, 0.25]}

@@ -1,4 +1,4 @@
-"""Replay-defined credit on a text env and on a set action (algorithms/credit_reference.py, issue 34 item 2):
+"""Replay-defined credit on a text env and on a set action (algorithms/credit_reference/):
 TextWatchWorkshop lists each turn's alternatives (its station's tools) and its optimal one; the workshop's reference
 sits on the movement station alone and matches E[G | brand, repair] / 2 there; a SetRetrieval slot's reference is
 v(a) - E_b v(a with slot i := b), checked against a hand-written value table; text episodes reach the rules that read
@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import vcbm_gym  # noqa: F401 (registers the envs)
-from algorithms import credit_reference as cr
+from algorithms.credit_reference import cli as reference_cli
+from algorithms.credit_reference import replay, scoring
 from envs import set_retrieval
 from envs.snapshot import restore, snapshot
 from envs.watch_repair import REPAIR
@@ -67,9 +68,9 @@ def test_a_workshop_turn_offers_its_stations_tools_and_names_the_movements_optim
 def test_the_scripted_policy_takes_the_optimal_call_at_the_movement_and_is_uniform_elsewhere():
     env = gym.make(WORKSHOP)
     _, reset_info = env.reset(seed=3)
-    base, policy = env.unwrapped, cr.BehaviourPolicy("scripted")
+    base, policy = env.unwrapped, replay.BehaviourPolicy("scripted")
     for t, station in enumerate(base._stations):
-        turn = cr.current_turn(env, t, reset_info)
+        turn = replay.current_turn(env, t, reset_info)
         probabilities = policy.probabilities(turn)
         if station == "movement":
             assert turn.alternatives[int(np.argmax(probabilities))] == base.optimal_alternative()
@@ -83,21 +84,21 @@ def test_the_scripted_policy_takes_the_optimal_call_at_the_movement_and_is_unifo
 def test_the_workshop_reference_is_half_the_expected_repair_return_at_the_movement_and_zero_elsewhere(brand):
     # Skipping returns exactly 0 and cosmetic calls change nothing, so under the uniform policy the movement call's
     # credit is +-E[G | brand, repair] * reward_scale / 2 and every other turn's is exactly 0 (common random numbers).
-    env = cr.make_env(WORKSHOP)
+    env = reference_cli.make_env(WORKSHOP)
     base = env.unwrapped
     _, reset_info = env.reset(seed=brand, options={"brand": brand})
-    policy, t = cr.BehaviourPolicy("uniform"), base._stations.index("movement")
+    policy, t = replay.BehaviourPolicy("uniform"), base._stations.index("movement")
     for _ in range(t):
         env.step("standard()")
-    turn = cr.current_turn(env, t, reset_info)
-    returns = cr.replay_returns(env, snapshot(env), policy, t, turn, reset_info, 1500, np.random.SeedSequence(7))
-    estimates = cr.replay_estimates(returns, policy.probabilities(turn))
+    turn = replay.current_turn(env, t, reset_info)
+    returns = replay.replay_returns(env, snapshot(env), policy, t, turn, reset_info, 1500, np.random.SeedSequence(7))
+    estimates = replay.replay_estimates(returns, policy.probabilities(turn))
     truth = base.params.expected_repair_return()[brand] * base.reward_scale / 2
     repair = turn.alternatives.index("repair()")
     se = estimates["credit_se"][repair]
     assert abs(truth) > Z * se and abs(estimates["credit"][repair] - truth) < Z * se
     assert estimates["q"][1 - repair] == 0.0  # skipping: exactly 0
-    episode = cr.replay_episode(env, policy, brand, np.random.SeedSequence(brand), 4, True, "auto")
+    episode = replay.replay_episode(env, policy, brand, np.random.SeedSequence(brand), 4, True, "auto")
     assert episode.decision_step == env.unwrapped._stations.index("movement")  # the replayed episode's own station
     off = np.arange(len(episode.credit)) != episode.decision_step
     assert len(episode.credit) == 8 and np.all(episode.credit[off] == 0) and np.all(episode.credit_se[off] == 0)
@@ -105,22 +106,22 @@ def test_the_workshop_reference_is_half_the_expected_repair_return_at_the_moveme
 
 
 def test_text_episodes_give_the_rules_their_per_turn_info_keys_and_groups_of_one_task():
-    env = cr.make_env(WORKSHOP)
-    policy, fit = cr.check_setting(env, WORKSHOP, args_for())
-    assert fit.kind == cr.ALTERNATIVES and fit.group_size == cr.AUTO_GROUP_SIZE
+    env = reference_cli.make_env(WORKSHOP)
+    policy, fit = reference_cli.check_setting(env, WORKSHOP, args_for())
+    assert fit.kind == replay.ALTERNATIVES and fit.group_size == replay.AUTO_GROUP_SIZE
     assert {"turn_flags['state_mutating']", "turn_texts", "final_texts", "extras['anchor_keys']"} <= fit.batch_provides
     assert "observations" not in fit.batch_provides and {"state_mutating", "execution_output"} <= fit.info_provides
-    played = [cr.play(env, policy, 10 + i // 2, np.random.default_rng(i), False)["played"] for i in range(4)]
+    played = [replay.play(env, policy, 10 + i // 2, np.random.default_rng(i), False)["played"] for i in range(4)]
     for i, episode in enumerate(played):
         episode.task = i // 2
-    batch = cr.episode_batch(played, fit.batch_provides)
+    batch = replay.episode_batch(played, fit.batch_provides)
     assert batch.group_ids.tolist() == [0, 0, 1, 1]
     assert batch.turn_texts[2] == [info["execution_output"] for info in played[2].infos]
     assert batch.turn_flags["state_mutating"][0].tolist() == [True] * 8
     assert batch.final_texts[1] == played[1].final_observation and "Final result" in batch.final_texts[1]
     assert batch.extras["anchor_keys"][3][0].startswith("A customer brings in a watch")
     assert batch.observations is None and batch.rewards.shape == (4, 8)
-    assert cr.rule_misfit("vcbm_blend", env, fit) is None and cr.rule_misfit("gigpo", env, fit) is None
+    assert scoring.rule_misfit("vcbm_blend", env, fit) is None and scoring.rule_misfit("gigpo", env, fit) is None
 
 
 def hand_request(params: set_retrieval.SetRetrievalParams, rng: np.random.Generator) -> set_retrieval.SetRequest:
@@ -135,21 +136,21 @@ def hand_request(params: set_retrieval.SetRetrievalParams, rng: np.random.Genera
     )  # fmt: skip
 
 
-class FixedSlots(cr.BehaviourPolicy):
+class FixedSlots(replay.BehaviourPolicy):
     """The uniform policy's probabilities, but slots drawn from a given list (to play a chosen set)."""
 
     def __init__(self, items: list[int]) -> None:
         super().__init__("uniform")
         object.__setattr__(self, "items", list(items))
 
-    def sample(self, turn: cr.Turn, rng: np.random.Generator) -> int:
+    def sample(self, turn: replay.Turn, rng: np.random.Generator) -> int:
         return self.items.pop(0)
 
 
 def test_a_slots_reference_is_its_value_minus_the_policys_average_over_that_slots_alternatives(monkeypatch):
     monkeypatch.setattr(set_retrieval, "sample_request", hand_request)
     env = gym.make(SETS, pool_size=3, set_size=2, n_facets=1, n_intents=1, complementary_intents=())
-    episode = cr.replay_slots(env, FixedSlots([0, 2]), 0, np.random.default_rng(0))
+    episode = replay.replay_slots(env, FixedSlots([0, 2]), 0, np.random.default_rng(0))
     # a = (0, 2), v(a) = v({0, 2}) = 5. Slot 0 := 0, 1, 2 gives {0, 2}, {1, 2}, {2}: 5, 6, 3 (mean 14/3);
     # slot 1 := 0, 1, 2 gives {0}, {0, 1}, {0, 2}: 1, 4, 5 (mean 10/3)
     assert episode.credit == pytest.approx([5 - 14 / 3, 5 - 10 / 3], abs=1e-12)
@@ -159,30 +160,30 @@ def test_a_slots_reference_is_its_value_minus_the_policys_average_over_that_slot
     assert episode.played.rewards.tolist() == [0.0, 6.0] and episode.actions.tolist() == [0, 2]
     table = episode.played.infos[-1]["coalition_values"]
     assert np.asarray(table).tolist() == [0.0, 2.0, 4.0, 6.0]  # {}, {item 0}, {item 2}, {items 0, 2}
-    shapley = cr.rule_credit("set_shapley", env, [], 1, [episode.played], frozenset())
+    shapley = scoring.rule_credit("set_shapley", env, [], 1, [episode.played], frozenset())
     assert shapley[0] == pytest.approx([(2 + (6 - 4)) / 2, (4 + (6 - 2)) / 2])  # Shapley of the snapshot's values
 
 
 def test_a_set_run_scores_the_coalition_rules_and_refuses_the_rules_that_need_turns(tmp_path):
     out = tmp_path / "ref_{env}.json"
     argv = ["--env", SETS, "--rules", "casi,loo,vcbm_blend,rudder", "--seeds", "1", "--episodes", "8", "--train-episodes", "8"]
-    assert cr.main([*argv, "--batch-episodes", "4", "--out", str(out)]) == 0
+    assert reference_cli.main([*argv, "--batch-episodes", "4", "--out", str(out)]) == 0
     result = json.loads((tmp_path / "ref_SetRetrieval-v0.json").read_text())
     assert result["settings"]["branching"] == "slots" and result["settings"]["k"] is None
-    assert set(result["rules"]) == {"casi", "loo", "vcbm_blend", "rudder", *cr.SET_RULES}
+    assert set(result["rules"]) == {"casi", "loo", "vcbm_blend", "rudder", *scoring.SET_RULES}
     for name in ("vcbm_blend", "rudder"):
         assert "\n" not in result["rules"][name]["refused"] and result["rules"][name]["refused"].startswith("needs ")
     assert result["rules"]["rudder"]["refused"].startswith("needs observations, actions")
     assert result["rules"]["set_shapley"]["summary_centred"]["leakage"]["estimate"] is None
     assert len(result["reference_episodes"]) == 8 and all(len(e["credit"]) == 5 for e in result["reference_episodes"])
     table = (tmp_path / "ref_SetRetrieval-v0.md").read_text()
-    assert table.count("\n| `") == 2 * (4 + len(cr.SET_RULES)) and "Centred within the set" in table
+    assert table.count("\n| `") == 2 * (4 + len(scoring.SET_RULES)) and "Centred within the set" in table
 
 
 def test_a_workshop_run_scores_the_text_rules_and_refuses_casi_in_one_line(tmp_path):
     out = tmp_path / "ref_{env}.json"
     argv = ["--env", WORKSHOP, "--rules", "broadcast,loo,vcbm_blend,casi,rudder", "--seeds", "1", "--episodes", "4"]
-    assert cr.main([*argv, "--k", "2", "--train-episodes", "4", "--batch-episodes", "2", "--out", str(out)]) == 0
+    assert reference_cli.main([*argv, "--k", "2", "--train-episodes", "4", "--batch-episodes", "2", "--out", str(out)]) == 0
     result = json.loads((tmp_path / "ref_TextWatchWorkshop-v0.json").read_text())
     assert {name for name, row in result["rules"].items() if "refused" not in row} == {"broadcast", "loo", "vcbm_blend"}
     assert result["rules"]["casi"]["refused"].startswith("needs extras['coalition_values'], info['coalition_values']")
@@ -204,7 +205,7 @@ def test_a_workshop_run_scores_the_text_rules_and_refuses_casi_in_one_line(tmp_p
 )
 def test_bad_env_and_option_combinations_are_one_line_before_anything_is_written(tmp_path, capsys, argv, start):
     out = tmp_path / "new" / "r_{env}.json"
-    assert cr.main(["--env", *argv, "--out", str(out)]) == 2
+    assert reference_cli.main(["--env", *argv, "--out", str(out)]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(start), lines
     assert not (tmp_path / "new").exists()
@@ -214,8 +215,8 @@ def test_the_bootstrap_over_tasks_resamples_whole_groups():
     # Tasks {1, 1, 1} and {5}: a resample of two tasks has mean 1 (both the first, p = 1/4), 5 (both the second,
     # p = 1/4) or (3 + 5) / 4 = 2, so the 95% percentile interval is [1, 5]; resampling the 4 episodes would not
     # reach 5 (all four the last one: p = 1/256 < 2.5%).
-    estimate = cr.task_estimate(np.array([1.0, 1.0, 1.0, 5.0]), np.array([0, 0, 0, 1]), "mean")
+    estimate = scoring.task_estimate(np.array([1.0, 1.0, 1.0, 5.0]), np.array([0, 0, 0, 1]), "mean")
     assert estimate == {"estimate": 2.0, "ci_low": 1.0, "ci_high": 5.0}
-    median = cr.task_estimate(np.array([0.0, 0, 0, 1, 1, 1]), np.array([0, 0, 0, 1, 1, 1]), "median")
+    median = scoring.task_estimate(np.array([0.0, 0, 0, 1, 1, 1]), np.array([0, 0, 0, 1, 1, 1]), "median")
     assert median == {"estimate": 0.5, "ci_low": 0.0, "ci_high": 1.0}
-    assert cr.task_estimate(np.array([3.0, 4.0]), np.array([7, 7]), "mean")["ci_low"] is None  # one task: no CI
+    assert scoring.task_estimate(np.array([3.0, 4.0]), np.array([7, 7]), "mean")["ci_low"] is None  # one task: no CI

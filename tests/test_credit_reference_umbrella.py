@@ -1,4 +1,4 @@
-"""The replay reference reproduces bsuite umbrella_length's analytic credit (issue 34's acceptance).
+"""The replay reference reproduces bsuite umbrella_length's analytic credit.
 
 In umbrella_chain (bsuite, "Behaviour Suite for Reinforcement Learning", umbrella experiments) only the first
 action (take the umbrella or not) changes the last reward: +1 when it matches the weather shown at t = 0, -1 otherwise;
@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("bsuite")
 
 import vcbm_gym  # noqa: E402,F401 (registers the envs)
-from algorithms import credit_reference as cr  # noqa: E402
+from algorithms.credit_reference import cli as reference_cli  # noqa: E402
+from algorithms.credit_reference import replay  # noqa: E402
 
 ENV = "umbrella_length/9"  # setting 9: chain length 10
 LENGTH = 10
@@ -31,9 +32,9 @@ def analytic_credit(observations: np.ndarray, actions: np.ndarray) -> np.ndarray
     return credit
 
 
-def replayed(seed: int, k: int, common: bool) -> cr.ReplayedEpisode:
-    env = cr.make_env(ENV)
-    return cr.replay_episode(env, cr.BehaviourPolicy("uniform"), seed, np.random.SeedSequence(seed), k, common, "auto")
+def replayed(seed: int, k: int, common: bool) -> replay.ReplayedEpisode:
+    env = reference_cli.make_env(ENV)
+    return replay.replay_episode(env, replay.BehaviourPolicy("uniform"), seed, np.random.SeedSequence(seed), k, common, "auto")
 
 
 def test_common_random_numbers_give_the_analytic_credit_exactly():

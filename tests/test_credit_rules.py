@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from tests.helpers import make_batch
 from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.broadcast import BroadcastRule
 from vcbm_gym.credit.grpo import GroupMeanRule, group_relative_advantages
@@ -191,7 +192,7 @@ def test_group_mean_centres_each_group(batch):
 
 def test_broadcast_running_mean_by_hand():
     rule = BroadcastRule("running_mean")
-    first = EpisodeBatch(np.array([[1.0, 0.0], [0.0, 3.0]]), np.ones((2, 2), bool))
+    first = make_batch([[1.0, 0.0], [0.0, 3.0]])
     rule.observe(first)  # mean of {1, 3} = 2
     np.testing.assert_array_equal(rule.advantages(first), [[-1.0, -1.0], [1.0, 1.0]])
     second = EpisodeBatch(np.array([[5.0, 0.0]]), np.array([[True, False]]))
@@ -200,21 +201,21 @@ def test_broadcast_running_mean_by_hand():
 
 
 def test_broadcast_given_baseline_and_bad_inputs():
-    batch = EpisodeBatch(np.array([[1.0, 2.0], [4.0, 0.0]]), np.ones((2, 2), bool), extras={"baseline": np.array([1.0, 5.0])})
+    batch = make_batch([[1.0, 2.0], [4.0, 0.0]], extras={"baseline": np.array([1.0, 5.0])})
     np.testing.assert_array_equal(BroadcastRule("given").advantages(batch), [[2.0, 2.0], [-1.0, -1.0]])
     with pytest.raises(ValueError, match="extras"):
-        BroadcastRule("given").advantages(EpisodeBatch(np.zeros((2, 1)), np.ones((2, 1), bool)))
+        BroadcastRule("given").advantages(make_batch(np.zeros((2, 1))))
     with pytest.raises(ValueError, match="baseline='median'"):
         BroadcastRule("median")
 
 
 def test_loo_by_hand():
-    batch = EpisodeBatch(np.array([[1.0], [2.0], [6.0], [5.0]]), np.ones((4, 1), bool), group_ids=np.array([0, 0, 0, 1]))
+    batch = make_batch([[1.0], [2.0], [6.0], [5.0]], group_ids=np.array([0, 0, 0, 1]))
     np.testing.assert_array_equal(make_rule("loo").advantages(batch)[:, 0], [1 - 4, 2 - 3.5, 6 - 1.5, 0.0])
 
 
 def test_grpo_by_hand():
-    batch = EpisodeBatch(np.array([[1.0], [3.0], [2.0], [2.0]]), np.ones((4, 1), bool), group_ids=np.array([0, 0, 1, 1]))
+    batch = make_batch([[1.0], [3.0], [2.0], [2.0]], group_ids=np.array([0, 0, 1, 1]))
     std = np.sqrt(2.0)  # sample std of {1, 3}
     np.testing.assert_allclose(GroupMeanRule(eps=1e-4).advantages(batch)[:, 0], [-1 / (std + 1e-4), 1 / (std + 1e-4), 0.0, 0.0])
     np.testing.assert_array_equal(GroupMeanRule(normalise_std=False).advantages(batch)[:, 0], [-1.0, 1.0, 0.0, 0.0])
@@ -226,7 +227,7 @@ def _toy_repair_batch() -> EpisodeBatch:
     flags = np.array([[0, 1, 1], [0, 0, 0], [0, 1, 1], [0, 0, 0]])
     obs = np.stack([flags, np.tile(np.arange(3), (4, 1))], axis=-1)
     rewards = np.array([[-1.0, 0.0, 5.0], [0.0, 0.0, 0.0], [-1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
-    return EpisodeBatch(rewards, np.ones((4, 3), bool), observations=obs, actions=actions)
+    return make_batch(rewards, observations=obs, actions=actions)
 
 
 def test_vcbm_bookmark_by_hand():
@@ -250,7 +251,7 @@ def test_vcbm_bookmark_is_broadcast_before_warmup_and_checks_inputs():
     assert rule.roles is None
     np.testing.assert_array_equal(rule.advantages(batch), batch.broadcast(batch.returns - 1.0))  # running mean 1
     with pytest.raises(ValueError, match="observations"):
-        rule.observe(EpisodeBatch(np.zeros((1, 2)), np.ones((1, 2), bool)))
+        rule.observe(make_batch(np.zeros((1, 2))))
     with pytest.raises(ValueError, match="alpha"):
         VCBMBookmarkRule(alpha=0.0)
 

@@ -1,4 +1,4 @@
-"""Every hyperparameter default is written once (issue 24): a literal default value given to the same name in two
+"""Every hyperparameter default is written once: a literal default value given to the same name in two
 places (two dataclass fields, a constructor and a helper function, ...) is two sources that can drift apart, as
 `z_thresh = 4.0` once did in tabular VCBM's config, the vcbm_bookmark rule and `classify_roles`. The second place
 names the first instead (a module constant such as causal_roles.Z_THRESH, or the config's field).
@@ -62,7 +62,7 @@ LEGITIMATE: dict[str, dict[tuple[str, str], str]] = {
     },
     "learning_rate": {
         ("algorithms/llm/config.py", "LoopConfig"): "LOOP's optimizer (Sec. V-B)",
-        ("algorithms/llm/warm_start.py", "WarmStartConfig"): "the format warm-start's SFT",
+        ("algorithms/llm/model/warm_start.py", "WarmStartConfig"): "the format warm-start's SFT",
         ("vcbm_gym/credit/rudder.py", "RudderLSTMConfig"): "RUDDER's LSTM",
         ("vcbm_gym/credit/rrd.py", "RRDConfig"): "RRD's reward model",
     },
@@ -88,8 +88,8 @@ LEGITIMATE: dict[str, dict[tuple[str, str], str]] = {
         ("vcbm_gym/credit/set_credit.py", "CASIShapingRule.__init__"): "CASI's coalition rule (shapley), not a run's credit rule",
     },
     "seed": {
-        ("algorithms/llm/tiny.py", "build_tiny_model"): "a seed",
-        ("algorithms/llm/tiny.py", "build_tiny"): "a seed",
+        ("algorithms/llm/model/tiny.py", "build_tiny_model"): "a seed",
+        ("algorithms/llm/model/tiny.py", "build_tiny"): "a seed",
         ("vcbm_gym/contract.py", "check_contract"): "a seed, not a hyperparameter: every seeded object starts from 0",
         ("vcbm_gym/credit/rudder.py", "GatelessLSTM.__init__"): "a seed",
         ("vcbm_gym/credit/model_training.py", "LessonBuffer.__init__"): "a seed",
@@ -112,14 +112,16 @@ LEGITIMATE: dict[str, dict[tuple[str, str], str]] = {
         ("algorithms/llm/config.py", "LoopConfig"): "Eq. 8's PPO clip range, not an exploration rate",
     },
     "max_steps": {
-        ("algorithms/llm/warm_start.py", "WarmStartConfig"): "the warm-start's SFT optimizer steps, not probe steps",
+        ("algorithms/llm/model/warm_start.py", "WarmStartConfig"): "the warm-start's SFT optimizer steps, not probe steps",
     },
     "hidden_size": {
         ("vcbm_gym/credit/rudder.py", "RudderLSTMConfig"): "RUDDER's LSTM width, not a language model's",
-        ("algorithms/llm/warm_start.py", "WarmStartConfig"): "the warm-started tiny model's width (128), not the untrained one's",
+        ("algorithms/llm/model/warm_start.py", "WarmStartConfig"): (
+            "the warm-started tiny model's width (128), not the untrained one's"
+        ),
     },
     "tie_embeddings": {
-        ("algorithms/llm/warm_start.py", "WarmStartConfig"): "the warm-started model unties its output layer",
+        ("algorithms/llm/model/warm_start.py", "WarmStartConfig"): "the warm-started model unties its output layer",
     },
     "torch_threads": {
         ("algorithms/sb3/runner.py", "SB3RunConfig"): "SB3's small networks: one thread",
@@ -130,10 +132,10 @@ LEGITIMATE: dict[str, dict[tuple[str, str], str]] = {
         ("algorithms/llm/config.py", "LoopRunConfig"): "LOOP iterations of a run",
     },
     "one_shot": {
-        ("algorithms/llm/warm_start.py", "tiny_system_prompt"): "the tiny model's prompt has no one-shot example",
+        ("algorithms/llm/generation/prompting.py", "tiny_system_prompt"): "the tiny model's prompt has no one-shot example",
     },
     "episodes_per_env": {
-        ("algorithms/llm/tiny.py", "_played_texts"): "the tokenizer's vocabulary sample, not the warm-start's data",
+        ("algorithms/llm/model/tiny.py", "_played_texts"): "the tokenizer's vocabulary sample, not the warm-start's data",
     },
     "mode": {
         ("vcbm_gym/credit/empo.py", "effect_cell_ids"): "EMPO's cell key",

@@ -8,21 +8,20 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_executor import descendants, wait_gone
 
 from algorithms.common.errors import VcbmGymError
+from algorithms.common.log_dir import finished_summary
 from algorithms.experiment import distributed, executor
 from algorithms.experiment.compare import make_jobs
 from algorithms.experiment.compare import run as compare
 from algorithms.experiment.distributed import unpack_dir
 from algorithms.experiment.jobs import run_seed
-from algorithms.train import finished_summary
+from tests.helpers import descendants, needs_proc, start_module, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -135,18 +134,11 @@ def test_without_ray_the_backend_is_one_clear_error(tmp_path, monkeypatch):
 
 
 def _compare_process(out, *extra):
-    return subprocess.Popen(
-        [sys.executable, "-m", "algorithms.compare", "--algos", "mc", "--max-episodes", "100000", "--no-curves",
-         "--out", str(out), "--no-progress", *extra],
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )  # fmt: skip
+    argv = ["--algos", "mc", "--max-episodes", "100000", "--no-curves", "--out", str(out), "--no-progress", *extra]
+    return start_module("algorithms.compare", *argv)
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+@needs_proc
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 def test_a_stopped_or_killed_compare_on_ray_exits_as_on_processes_and_its_local_ray_with_it(tmp_path, signum):
     """ray.init replaced compare's SIGTERM handler with one that exits with 15; and a local Ray instance that

@@ -17,42 +17,9 @@ import pytest
 
 from algorithms.common.errors import Stopped, VcbmGymError
 from algorithms.experiment import executor
+from tests.helpers import alive, descendants, needs_proc, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
-GONE_WITHIN_S = 10.0
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below `pid` (read from /proc)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def alive(pid: int) -> bool:
-    """Running, and not a zombie (a killed worker of a killed parent is reaped by init, maybe later)."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_gone(pids: set[int], within_s: float = GONE_WITHIN_S) -> set[int]:
-    """The pids still alive after `within_s` seconds (returns as soon as none is)."""
-    deadline = time.monotonic() + within_s
-    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return {pid for pid in pids if alive(pid)}
 
 
 def sleep_and_record(folder: str, job: int) -> None:
@@ -123,7 +90,7 @@ sys.exit(cli.main(run, []))
 """
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+@needs_proc
 @pytest.mark.parametrize(
     "how, code, cleanup",
     [

@@ -12,7 +12,7 @@ import yaml
 from algorithms.common.errors import VcbmGymError
 from algorithms.experiment import engine, specs, verdict
 from algorithms.experiment.measures import MEASURES
-from algorithms.llm.loss import OBJECTIVES
+from algorithms.llm.training.loss import OBJECTIVES
 from vcbm_gym.credit.ccpo import TWO_ROLE_CREDITS
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES
 from vcbm_gym.credit.registry import RULES

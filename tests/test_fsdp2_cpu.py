@@ -57,7 +57,7 @@ def _change_l2(after: dict[str, torch.Tensor], before: dict[str, torch.Tensor]) 
 def _base_model(folder: Path) -> Path:
     """The warm-started tiny model saved as a local model path (built here, not by two launched processes at
     once): its answers end at EOS after a few tokens, so processes finish their answers at different steps."""
-    from algorithms.llm.warm_start import warm_started_tiny
+    from algorithms.llm.model.warm_start import warm_started_tiny
 
     model, tokenizer = warm_started_tiny()
     model.save_pretrained(folder)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from tests.helpers import make_batch
 from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.gigpo import discounted_returns
 from vcbm_gym.credit.registry import make_rule
@@ -66,6 +67,6 @@ def test_token_level_llm_batch_with_anchor_keys():
 
 
 def test_missing_anchors_is_a_clear_error():
-    batch = EpisodeBatch(np.zeros((1, 2)), np.ones((1, 2), dtype=bool))
+    batch = make_batch(np.zeros((1, 2)))
     with pytest.raises(ValueError, match="anchor"):
         make_rule("gigpo").advantages(batch)

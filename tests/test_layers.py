@@ -6,6 +6,10 @@ algorithms.experiment, whose commands run many (5, the top floor; algorithms.com
 .stats keep their names there by re-exporting it). Every import counts, at module level or inside a function (a
 lazy import is still a dependency), and so does a string that names a project module ("pkg.module" or
 "pkg.module:Attribute", as the registry, the arms' agent tables and the rule table import by name).
+
+Inside the LLM arm the subpackages keep floors of their own, so the folder shows where credit enters: playing episodes
+(generation) -> the tiny models (model) -> training on them, where the credit rule enters, with the trainer's settings
+(training, config) -> two roles of one model (two_role) -> assembling a run (build, resolve, report) -> the runners.
 """
 
 from __future__ import annotations
@@ -43,6 +47,33 @@ def floor(module: str) -> int:
     return TOP  # a module no floor names yet may import anything; nothing below may import it
 
 
+LLM = "algorithms.llm"
+LLM_FLOORS = (
+    ("generation",),
+    ("model",),
+    ("training", "config"),
+    ("two_role",),
+    ("build", "resolve", "report"),
+    ("runner", "two_role.runner"),  # the arm's runner modules, which the registry names
+)
+
+
+def llm_floor(module: str) -> int | None:
+    """The floor inside the LLM arm of one of its modules (the longest matching name wins); None outside the arm and for
+    the arm's package itself, which holds no code."""
+    if not module.startswith(f"{LLM}."):
+        return None
+    rest = module.removeprefix(f"{LLM}.")
+    matches = [
+        (len(name), number)
+        for number, names in enumerate(LLM_FLOORS)
+        for name in names
+        if rest == name or rest.startswith(f"{name}.")
+    ]
+    assert matches, f"{module} is on no floor of the LLM arm: add it to LLM_FLOORS"
+    return max(matches)[1]
+
+
 def project_modules(root: Path) -> dict[str, Path]:
     modules = {}
     for package in PACKAGES:
@@ -52,6 +83,7 @@ def project_modules(root: Path) -> dict[str, Path]:
     return modules
 
 
+STRING = "string:"  # marks a name taken from a string constant
 MODULE_STRING = re.compile(r"(?:envs|vcbm_gym|algorithms)(?:\.[A-Za-z_]\w*)+(?::[A-Za-z_]\w*)?")
 
 
@@ -62,7 +94,7 @@ def imported_names(module: str, path: Path) -> set[str]:
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_STRING.fullmatch(node.value):
-            names.add(node.value.partition(":")[0])
+            names.add(STRING + node.value.partition(":")[0])
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -79,6 +111,8 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     modules = project_modules(root)
 
     def owner(name: str) -> str | None:  # the project module a dotted name lies in, if any
+        if name.startswith(STRING):  # a string names a module only when it is one (not an entry-point group)
+            return name[len(STRING) :] if name[len(STRING) :] in modules else None
         while name and name not in modules:
             name = name.rpartition(".")[0]
         return name or None
@@ -140,12 +174,30 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
     ]
 
 
+def upward_llm_imports(graph: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{module} (LLM floor {llm_floor(module)}) imports {target} (LLM floor {llm_floor(target)})"
+        for module, targets in sorted(graph.items())
+        if llm_floor(module) is not None
+        for target in sorted(targets)
+        if llm_floor(target) is not None and llm_floor(target) > llm_floor(module)
+    ]
+
+
 def test_the_project_has_no_import_circle():
     assert circles(import_graph(REPO)) == []
 
 
 def test_no_module_imports_from_a_higher_floor():
     assert upward_imports(import_graph(REPO)) == []
+
+
+def test_no_llm_arm_module_imports_from_a_higher_floor_of_the_arm():
+    graph = import_graph(REPO)
+    assert upward_llm_imports(graph) == []
+    # every floor holds a module, and the runners the registry names sit on the top one
+    assert {llm_floor(m) for m in graph if llm_floor(m) is not None} == set(range(len(LLM_FLOORS)))
+    assert llm_floor("algorithms.llm.runner") == llm_floor("algorithms.llm.two_role.runner") == len(LLM_FLOORS) - 1
 
 
 def test_the_experiment_package_is_the_top_floor_and_its_old_names_only_re_export_it():
@@ -189,13 +241,31 @@ def test_the_checks_find_a_circle_and_an_upward_import_even_inside_a_function(tm
             "envs/x.py": f"{indent}import vcbm_gym.contract\n",
             "vcbm_gym/__init__.py": "",
             "vcbm_gym/contract.py": "import envs.x\n",
+            "algorithms/llm/__init__.py": "",
+            "algorithms/llm/generation/__init__.py": "",
+            "algorithms/llm/generation/rollout.py": f"{indent}from algorithms.llm.training import loss\n",
+            "algorithms/llm/training/__init__.py": "",
+            "algorithms/llm/training/loss.py": "from algorithms.llm.generation import rollout\n",
+            "algorithms/llm/two_role/__init__.py": "",
+            "algorithms/llm/two_role/config.py": 'PROMPT = "algorithms.llm.two_role.runner:ARM"\n',
+            "algorithms/llm/two_role/runner.py": "from algorithms.llm.two_role import config\n",
         },
     )
     graph = import_graph(root)
-    assert circles(graph) == [["algorithms.common.a", "algorithms.train"], ["envs.x", "vcbm_gym.contract"]]
+    assert circles(graph) == [
+        ["algorithms.common.a", "algorithms.train"],
+        ["algorithms.llm.generation.rollout", "algorithms.llm.training.loss"],
+        ["algorithms.llm.two_role.config", "algorithms.llm.two_role.runner"],
+        ["envs.x", "vcbm_gym.contract"],
+    ]
     assert upward_imports(graph) == [
         "algorithms.common.a (floor 2) imports algorithms.train (floor 4)",
         "algorithms.registry (floor 4) imports algorithms.experiment.jobs (floor 5)",
         "algorithms.tabular.runner (floor 3) imports algorithms.registry (floor 4)",
         "envs.x (floor 0) imports vcbm_gym.contract (floor 1)",
+    ]
+    assert upward_llm_imports(graph) == [
+        "algorithms.llm.generation.rollout (LLM floor 0) imports algorithms.llm.training (LLM floor 2)",
+        "algorithms.llm.generation.rollout (LLM floor 0) imports algorithms.llm.training.loss (LLM floor 2)",
+        "algorithms.llm.two_role.config (LLM floor 3) imports algorithms.llm.two_role.runner (LLM floor 5)",
     ]

@@ -8,12 +8,13 @@ import pytest
 pytest.importorskip("trl")
 
 from algorithms.common.credit_slot import CreditSlot  # noqa: E402
-from algorithms.llm.batch import anchor_keys, concat_episode_batches, episode_batch  # noqa: E402
-from algorithms.llm.checkpoints import join_state, split_state  # noqa: E402
 from algorithms.llm.config import LLM_CREDIT  # noqa: E402
-from algorithms.llm.rollout import Episode  # noqa: E402
-from algorithms.llm.trainer import LoopTrainer  # noqa: E402
+from algorithms.llm.generation.rollout import Episode  # noqa: E402
+from algorithms.llm.training.batch import anchor_keys, concat_episode_batches, episode_batch  # noqa: E402
+from algorithms.llm.training.checkpoints import join_state, split_state  # noqa: E402
+from algorithms.llm.training.loop import LoopTrainer  # noqa: E402
 from algorithms.train import run  # noqa: E402
+from tests.helpers import tiny_llm_argv  # noqa: E402
 from vcbm_gym.credit.base import EpisodeBatch  # noqa: E402
 from vcbm_gym.credit.loo import loo_advantages  # noqa: E402
 from vcbm_gym.credit.registry import make_rule  # noqa: E402
@@ -148,31 +149,10 @@ def test_episode_batch_gives_gigpo_its_anchor_observations():
 
 @pytest.mark.parametrize("credit", ["grpo", "gigpo", "vcbm_blend"])  # ~1.5 s each on 2 CPU cores
 def test_credit_flag_trains_the_tiny_model_with_that_rule(tmp_path, credit):
+    small = ["env_kwargs={max_turns: 2}", "max_turns=2", "generation_batch_size=4", "num_generations=2"]
+    small += ["per_device_train_batch_size=4", "max_new_tokens_per_turn=8"]
     summary = run(
-        [
-            "--algo",
-            "loop",
-            "--env",
-            "TextWatchRepair-v0",
-            "--model",
-            "tiny",
-            "--credit",
-            credit,
-            "--seed",
-            "1",
-            "--no-progress",
-            "--iterations",
-            "2",
-            "--log-dir",
-            str(tmp_path),
-            "--hyperparams",
-            "env_kwargs={max_turns: 2}",
-            "max_turns=2",
-            "generation_batch_size=4",
-            "num_generations=2",
-            "per_device_train_batch_size=4",
-            "max_new_tokens_per_turn=8",
-        ]
+        tiny_llm_argv("loop", tmp_path, "--credit", credit, "--seed", "1", model="tiny", iterations=2, hyperparams=small)
     )
     assert summary["credit"] == credit and summary["iterations_run"] == 2
     assert summary["trained_weight_change_l2"] > 0
@@ -184,7 +164,7 @@ def test_credit_flag_trains_the_tiny_model_with_that_rule(tmp_path, credit):
 
 def test_missing_vllm_log_probs_fail_loudly():
     from algorithms.common.errors import VcbmGymError
-    from algorithms.llm.trainer import MultiTurnGRPOTrainer
+    from algorithms.llm.training.trainer import MultiTurnGRPOTrainer
 
     class FakeGeneration:
         max_completion_length = None

@@ -7,9 +7,10 @@ import torch
 pytest.importorskip("trl")
 
 from algorithms.common.errors import ConfigError  # noqa: E402
-from algorithms.llm.loss import kl_old_new  # noqa: E402
-from algorithms.llm.metrics import decision_advantage_mass, task_goal_completion  # noqa: E402
+from algorithms.llm.training.loss import kl_old_new  # noqa: E402
+from algorithms.llm.training.metrics import decision_advantage_mass, task_goal_completion  # noqa: E402
 from algorithms.train import run  # noqa: E402
+from tests.helpers import tiny_llm_argv  # noqa: E402
 
 SMALL = ["generation_batch_size=4", "num_generations=2", "per_device_train_batch_size=4", "max_new_tokens_per_turn=4"]
 
@@ -54,51 +55,15 @@ def test_decision_advantage_mass_is_the_share_of_absolute_advantage_on_deciding_
 
 def test_a_trainer_turn_limit_below_the_envs_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"max_turns=3 is below TextWatchRepair-v0's own turn limit \(6\)"):
-        run(
-            [
-                "--algo",
-                "loop",
-                "--env",
-                "TextWatchRepair-v0",
-                "--model",
-                "tiny-random",
-                "--no-progress",
-                "--iterations",
-                "1",
-                "--log-dir",
-                str(tmp_path),
-                "--hyperparams",
-                "max_turns=3",
-                *SMALL,
-            ]
-        )
+        run(tiny_llm_argv("loop", tmp_path, hyperparams=["max_turns=3", *SMALL]))
 
 
 @pytest.mark.slow
 def test_memory_is_bounded_and_keeps_no_rollouts_of_aborted_iterations(tmp_path):
     # the random tiny model names one of the station's tools in some turns: those are the bookmarks
     def vcbm(name, *extra):
-        return run(
-            [
-                "--algo",
-                "vcbm-loop",
-                "--env",
-                "TextWatchWorkshop-v0",
-                "--model",
-                "tiny-random",
-                "--no-progress",
-                "--iterations",
-                "1",
-                "--log-dir",
-                str(tmp_path / name),
-                "--hyperparams",
-                "generation_batch_size=8",
-                "num_generations=2",
-                "per_device_train_batch_size=8",
-                "max_new_tokens_per_turn=16",
-                *extra,
-            ]
-        )
+        small = ["generation_batch_size=8", "num_generations=2", "per_device_train_batch_size=8", "max_new_tokens_per_turn=16"]
+        return run(tiny_llm_argv("vcbm-loop", tmp_path / name, env="TextWatchWorkshop-v0", hyperparams=[*small, *extra]))
 
     unbounded = vcbm("all")
     assert unbounded["memory_size"] > 3
@@ -109,26 +74,8 @@ def test_memory_is_bounded_and_keeps_no_rollouts_of_aborted_iterations(tmp_path)
 
 @pytest.mark.slow
 def test_trl_grpo_baseline_runs_the_same_episodes_with_trls_advantage(tmp_path):
-    summary = run(
-        [
-            "--algo",
-            "trl-grpo",
-            "--env",
-            "TextWatchRepair-v0",
-            "--model",
-            "tiny-random",
-            "--no-progress",
-            "--iterations",
-            "2",
-            "--log-dir",
-            str(tmp_path),
-            "--hyperparams",
-            "generation_batch_size=8",
-            "num_generations=4",
-            "per_device_train_batch_size=8",
-            "max_new_tokens_per_turn=16",
-        ]
-    )
+    hyperparams = ["generation_batch_size=8", "num_generations=4", "per_device_train_batch_size=8", "max_new_tokens_per_turn=16"]
+    summary = run(tiny_llm_argv("trl-grpo", tmp_path, iterations=2, hyperparams=hyperparams))
     assert summary["iterations_run"] == 2 and summary["finetune"] == "full"
     assert summary["trained_weight_change_l2"] > 0
     for key in ("final_task_goal_completion", "final_invalid_turn_rate", "final_decision_advantage_mass"):
@@ -138,7 +85,7 @@ def test_trl_grpo_baseline_runs_the_same_episodes_with_trls_advantage(tmp_path):
 def test_a_saved_tiny_model_reloads_with_a_tokenizer_that_keeps_the_spaces(tmp_path):
     # transformers 5's AutoTokenizer would load this folder with Qwen2's byte-level decoder:
     # "Action:Alderrepair()", an invalid action for every answer of a trained tiny model
-    from algorithms.llm.tiny import build_tiny, load_tokenizer
+    from algorithms.llm.model.tiny import build_tiny, load_tokenizer
     from envs.text_watch_repair import parse_action
 
     model, tokenizer = build_tiny(0)

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from algorithms.llm.trainer import LoopTrainer  # noqa: E402
+from algorithms.llm.training.loop import LoopTrainer  # noqa: E402
 from algorithms.train import run  # noqa: E402
 
 NOISY = [

@@ -40,7 +40,7 @@ TRAIN = [
 
 def _base_model(folder: Path) -> Path:
     """The warm-started tiny model saved as a local model path: `--model PATH` trains a LoRA adapter."""
-    from algorithms.llm.warm_start import warm_started_tiny
+    from algorithms.llm.model.warm_start import warm_started_tiny
 
     model, tokenizer = warm_started_tiny()
     model.save_pretrained(folder)

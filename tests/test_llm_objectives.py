@@ -22,8 +22,8 @@ pytest.importorskip("trl")
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from algorithms.common.errors import ConfigError, VcbmGymError  # noqa: E402
-from algorithms.llm.loss import OBJECTIVES, global_normalized_advantages  # noqa: E402
-from algorithms.llm.trainer import LoopTrainer  # noqa: E402
+from algorithms.llm.training.loop import LoopTrainer  # noqa: E402
+from algorithms.llm.training.loss import OBJECTIVES, global_normalized_advantages  # noqa: E402
 from algorithms.train import resolve_argv, resolve_spec, run  # noqa: E402
 from vcbm_gym.credit.base import EpisodeBatch  # noqa: E402
 from vcbm_gym.credit.loo import LeaveOneOutRule  # noqa: E402

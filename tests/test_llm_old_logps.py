@@ -1,7 +1,7 @@
 """The old policy's log-probs from the first epoch's own forward pass, instead of TRL's extra pass.
 
 With 2 epochs per iteration TRL scores each batch once more before training on it, for PPO's pi_old (Eq. 7).
-The trainers take pi_old from the first epoch's forward pass instead (algorithms.llm.old_logps): the same
+The trainers take pi_old from the first epoch's forward pass instead (algorithms.llm.training.old_logps): the same
 numbers, one forward pass fewer per iteration. Checked here against TRL's pass on the same seeds, with two
 micro-batches per epoch (gradient accumulation), for LOOP's loss and TRL's GRPO loss.
 """
@@ -14,7 +14,8 @@ import torch
 pytest.importorskip("trl")
 
 from algorithms.llm.config import LoopConfig, MultiTurnGRPOConfig  # noqa: E402
-from algorithms.llm.trainer import LoopTrainer, MultiTurnGRPOTrainer  # noqa: E402
+from algorithms.llm.training.loop import LoopTrainer  # noqa: E402
+from algorithms.llm.training.trainer import MultiTurnGRPOTrainer  # noqa: E402
 from tests.llm_tiny import tiny_trainer  # noqa: E402
 
 ITERATIONS, EPOCHS = 2, 2

@@ -10,8 +10,9 @@ pytest.importorskip("trl")
 import torch  # noqa: E402
 
 import vcbm_gym  # noqa: E402, F401
-from algorithms.llm.rollout import hf_generate  # noqa: E402
-from algorithms.llm.tiny import build_tiny  # noqa: E402
+from algorithms.llm.generation.rollout import hf_generate  # noqa: E402
+from algorithms.llm.model.tiny import build_tiny  # noqa: E402
+from tests.helpers import tiny_llm_argv  # noqa: E402
 
 
 def _benchmark():
@@ -139,7 +140,7 @@ def _expected():
 def test_vllm_turn_gives_every_episode_its_own_completion_with_unequal_counts_per_rank(monkeypatch):
     import accelerate.utils
 
-    from algorithms.llm.vllm import gather_counts, vllm_turn
+    from algorithms.llm.generation.vllm import gather_counts, vllm_turn
 
     ranks = TwoRanks()
     monkeypatch.setattr(accelerate.utils, "gather_object", ranks.gather_object)  # what gather_counts calls
@@ -149,7 +150,7 @@ def test_vllm_turn_gives_every_episode_its_own_completion_with_unequal_counts_pe
 
 def test_trl_vllm_generation_alone_misplaces_completions_with_unequal_counts(monkeypatch):
     """The behaviour vllm_turn corrects (TRL 1.16 slices rank r's completions at r * len(prompts))."""
-    from algorithms.llm.vllm import vllm_answers
+    from algorithms.llm.generation.vllm import vllm_answers
 
     def unpadded(gen, contexts, ranks):
         _, completion_ids, logprobs, _ = gen.generate(prompts=contexts, images=None, num_generations=1)
@@ -163,7 +164,7 @@ def test_trl_vllm_generation_alone_misplaces_completions_with_unequal_counts(mon
 def _scripted_episode(tok, max_episode_tokens=None, max_turns=6):
     import gymnasium as gym
 
-    from algorithms.llm.rollout import play_episodes
+    from algorithms.llm.generation.rollout import play_episodes
 
     answers = iter(["Thought : fix it Action : repair ( )"] + ["Thought : wait for it Action : wait ( )"] * 5)
     steps = []
@@ -225,7 +226,7 @@ def test_max_episode_tokens_refuses_a_first_prompt_that_fills_it_and_bad_values(
 
 
 def test_memory_estimate_states_its_formula():
-    from algorithms.llm.metrics import logprob_memory_line
+    from algorithms.llm.training.metrics import logprob_memory_line
 
     line = logprob_memory_line(8192, 152_064, 8, 48, use_vllm=False)
     assert "sequence bound x vocab x batch x 4 B = 8,192 x 152,064 x 8 x 4 B = 37.1 GiB" in line
@@ -236,9 +237,8 @@ def test_memory_estimate_states_its_formula():
 def test_the_runner_prints_the_memory_estimate_at_start_up(tmp_path, capfd):
     from algorithms.train import run
 
-    args = ["--algo", "loop", "--env", "TextWatchRepair-v0", "--model", "tiny-random", "--no-progress"]
     small = ["finetune=lora", "max_new_tokens_per_turn=8", "generation_batch_size=8", "per_device_train_batch_size=8"]
-    summary = run(args + ["--iterations", "1", "--log-dir", str(tmp_path), "--hyperparams", "max_episode_tokens=4000", *small])
+    summary = run(tiny_llm_argv("loop", tmp_path, hyperparams=["max_episode_tokens=4000", *small]))
     assert summary["iterations_run"] == 1 and summary["final_token_bound_rate"] == 0.0
     lines = [x for x in capfd.readouterr().err.splitlines() if x.startswith("log-prob memory estimate:")]
     assert len(lines) == 1
@@ -250,8 +250,8 @@ def test_synced_generation_joins_with_no_context_and_samples_as_unsynced(tmp_pat
     # with no context still runs the forward passes (a dummy answer, dropped)
     import torch.distributed as dist
 
-    from algorithms.llm.rollout import hf_generate
-    from algorithms.llm.tiny import build_tiny
+    from algorithms.llm.generation.rollout import hf_generate
+    from algorithms.llm.model.tiny import build_tiny
 
     model, tokenizer = build_tiny(0)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)

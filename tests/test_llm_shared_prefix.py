@@ -4,8 +4,8 @@ the full pass over every [prompt, completion] row."""
 import pytest
 import torch
 
-from algorithms.llm.shared_prefix import distinct_prompts, shared_prefix_logps
-from algorithms.llm.tiny import build_tiny_model
+from algorithms.llm.model.tiny import build_tiny_model
+from algorithms.llm.training.shared_prefix import distinct_prompts, shared_prefix_logps
 
 PAD = 0
 

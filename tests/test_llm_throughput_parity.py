@@ -1,7 +1,7 @@
 """The cached rollout path (CachedGeneration: keys and values kept across turns, the shared prompt
 prefix encoded once) samples the same tokens with the same log-probs as re-encoding every turn
 (hf_generate, the earlier path), for batches of multi-turn episodes, on both cache engines: the
-packed forward (algorithms.llm.packed_forward, for Qwen2 / Qwen3 / Llama decoders) and the model's
+packed forward (algorithms.llm.generation.packed_forward, for Qwen2 / Qwen3 / Llama decoders) and the model's
 own forward over a transformers cache."""
 
 import pytest
@@ -12,10 +12,10 @@ import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
 
 import vcbm_gym  # noqa: E402, F401
-from algorithms.llm.packed_forward import packed_forward_supported  # noqa: E402
-from algorithms.llm.prompting import initial_messages, prompt_chars  # noqa: E402
-from algorithms.llm.rollout import CachedGeneration, full_attention_only, hf_generate, play_episodes  # noqa: E402
-from algorithms.llm.tiny import build_tiny, build_tiny_model  # noqa: E402
+from algorithms.llm.generation.packed_forward import packed_forward_supported  # noqa: E402
+from algorithms.llm.generation.prompting import initial_messages, prompt_chars  # noqa: E402
+from algorithms.llm.generation.rollout import CachedGeneration, full_attention_only, hf_generate, play_episodes  # noqa: E402
+from algorithms.llm.model.tiny import build_tiny, build_tiny_model  # noqa: E402
 
 ENGINES = ("packed", "transformers")
 

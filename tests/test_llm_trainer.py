@@ -12,11 +12,12 @@ import gymnasium as gym  # noqa: E402
 
 import vcbm_gym  # noqa: E402, F401
 from algorithms.common.errors import ConfigError, VcbmGymError  # noqa: E402
-from algorithms.llm.batch import episode_batch  # noqa: E402
-from algorithms.llm.prompting import BLANKED, initial_messages, prompt_chars, truncate_messages  # noqa: E402
-from algorithms.llm.rollout import Episode, hf_generate, play_episodes  # noqa: E402
-from algorithms.llm.tiny import build_tiny  # noqa: E402
+from algorithms.llm.generation.prompting import BLANKED, initial_messages, prompt_chars, truncate_messages  # noqa: E402
+from algorithms.llm.generation.rollout import Episode, hf_generate, play_episodes  # noqa: E402
+from algorithms.llm.model.tiny import build_tiny  # noqa: E402
+from algorithms.llm.training.batch import episode_batch  # noqa: E402
 from algorithms.train import run  # noqa: E402
+from tests.helpers import tiny_llm_argv  # noqa: E402
 from vcbm_gym.credit.loo import LeaveOneOutRule  # noqa: E402
 from vcbm_gym.credit.vcbm_blend import VCBMBlendRule  # noqa: E402
 
@@ -164,20 +165,12 @@ def _lora_b_norm(adapter_dir):
 @pytest.mark.slow
 def test_vcbm_loop_trains_logs_and_resumes_to_the_same_metrics(tmp_path):
     # the LoRA path (as for a real model) on the untrained tiny model; its random answers still name tools
-    common = [
-        "--algo",
-        "vcbm-loop",
-        "--env",
-        "TextWatchRepair-v0",
-        "--model",
-        "tiny-random",
-        "--no-progress",
-        "--checkpoint-every",
-        "1",
-        "--hyperparams",
-        *LORA_SMALL,
-    ]
-    full = run(common + ["--iterations", "3", "--log-dir", str(tmp_path / "full")])
+    def vcbm_loop(log_dir, *extra, iterations=3):
+        return run(
+            tiny_llm_argv("vcbm-loop", log_dir, "--checkpoint-every", "1", *extra, iterations=iterations, hyperparams=LORA_SMALL)
+        )
+
+    full = vcbm_loop(tmp_path / "full")
     assert full["iterations_run"] == 3 and full["memory_size"] > 0
     assert _lora_b_norm(tmp_path / "full" / "adapter") > 0  # LoRA B starts at 0: only gradients move it
     scalars = _scalars(tmp_path / "full")
@@ -199,7 +192,7 @@ def test_vcbm_loop_trains_logs_and_resumes_to_the_same_metrics(tmp_path):
     (killed / "checkpoints" / "checkpoint-99").mkdir()  # cut short before its files: never resumed from
     broken = tmp_path / "broken"
     shutil.copytree(killed, broken)
-    resumed = run(common + ["--iterations", "3", "--resume", "--log-dir", str(killed)])
+    resumed = vcbm_loop(killed, "--resume")
     assert resumed["resumed_from"].endswith("checkpoint-4")
     finals = {k: v for k, v in full.items() if k.startswith("final_")}
     assert finals and finals == {k: v for k, v in resumed.items() if k.startswith("final_")}
@@ -211,14 +204,14 @@ def test_vcbm_loop_trains_logs_and_resumes_to_the_same_metrics(tmp_path):
     memory["memory/returns"] = np.full_like(memory["memory/returns"], np.nan)
     np.savez(memory_file, **memory)
     with pytest.raises(VcbmGymError, match="unreadable credit-rule state"):
-        run(common + ["--iterations", "3", "--resume", "--log-dir", str(broken)])
+        vcbm_loop(broken, "--resume")
     # config.yml records the flags that ran, and a different budget is another config: refused
     import yaml
 
     recorded = yaml.safe_load((killed / "config.yml").read_text())["hyperparams"]
     assert recorded["model"] == "tiny-random" and recorded["iterations"] == 3 and recorded["checkpoint_every"] == 1
     with pytest.raises(Exception, match="another config"):
-        run(common + ["--iterations", "4", "--resume", "--log-dir", str(killed)])
+        vcbm_loop(killed, "--resume", iterations=4)
     # and rerunning from that config.yml alone (no flags) gives the same run
     again = run(
         [
@@ -238,24 +231,7 @@ def test_vcbm_loop_trains_logs_and_resumes_to_the_same_metrics(tmp_path):
 
 @pytest.mark.slow
 def test_high_kl_abort_discards_the_iteration(tmp_path):
-    summary = run(
-        [
-            "--algo",
-            "loop",
-            "--env",
-            "TextWatchRepair-v0",
-            "--model",
-            "tiny-random",
-            "--no-progress",
-            "--iterations",
-            "1",
-            "--log-dir",
-            str(tmp_path),
-            "--hyperparams",
-            "kl_abort=1.0e-12",
-            *LORA_SMALL,
-        ]
-    )
+    summary = run(tiny_llm_argv("loop", tmp_path, hyperparams=["kl_abort=1.0e-12", *LORA_SMALL]))
     # the first epoch moves the weights, the second sees KL > threshold: the iteration is undone
     assert summary["final_iteration_aborted"] == 1.0 and summary["final_aborted_iterations"] == 1.0
     assert summary["final_kl_estimate"] > 1e-12
@@ -314,7 +290,7 @@ def test_rollouts_of_one_task_draw_their_own_outcomes_when_given_outcome_seeds()
 
 
 def test_outcome_seeds_go_only_to_envs_that_take_them():
-    from algorithms.llm.rollout import takes_outcome_seed
+    from algorithms.llm.generation.rollout import takes_outcome_seed
 
     assert takes_outcome_seed(gym.make("TextWatchRepair-v0")) and takes_outcome_seed(gym.make("TextWatchWorkshop-v0"))
     from envs.appworld.env import AppWorldEnv
@@ -341,7 +317,7 @@ def test_outcome_seeds_go_only_to_envs_that_take_them():
 def test_the_trainer_gives_each_rollout_its_own_outcome_seed_fixed_by_seed_step_and_process():
     from types import SimpleNamespace
 
-    from algorithms.llm.trainer import MultiTurnGRPOTrainer
+    from algorithms.llm.training.trainer import MultiTurnGRPOTrainer
 
     def seeds(step, process=0, shared=False, n=48):
         trainer = SimpleNamespace(
@@ -362,28 +338,8 @@ def test_empo_effect_ratio_sharing_smoke_run_logs_cell_coverage(tmp_path):
     # K = 24 rollouts of one task share the turn-0 prompt; equal parsed actions there form EMPO cells
     # (the random tiny model names one of the 4 tools in some of its 32-token turns). One micro-batch keeps
     # cells whole.
-    summary = run(
-        [
-            "--algo",
-            "loop",
-            "--env",
-            "TextWatchRepair-v0",
-            "--model",
-            "tiny-random",
-            "--no-progress",
-            "--iterations",
-            "1",
-            "--ratio-sharing",
-            "effect",
-            "--log-dir",
-            str(tmp_path),
-            "--hyperparams",
-            "num_generations=24",
-            "generation_batch_size=24",
-            "per_device_train_batch_size=24",
-            "max_new_tokens_per_turn=32",
-        ]
-    )
+    batch = ["num_generations=24", "generation_batch_size=24", "per_device_train_batch_size=24", "max_new_tokens_per_turn=32"]
+    summary = run(tiny_llm_argv("loop", tmp_path, "--ratio-sharing", "effect", hyperparams=batch))
     coverage = _scalars(tmp_path)["loop/empo_cell_coverage"]
     assert [step for step, _ in coverage] == [1]
     assert 0.0 < coverage[0][1] <= 1.0

@@ -16,6 +16,7 @@ import pytest
 
 from algorithms import train
 from algorithms.common import cli
+from algorithms.common.log_dir import run_entries, summary_checksum
 from algorithms.common.scalar_writer import ScalarWriter
 
 TD = ["--algo", "td", "--env", "WatchRepair-v0", "--max-episodes", "30", "--no-progress"]
@@ -54,7 +55,7 @@ def test_resume_that_reruns_deletes_only_what_the_run_wrote_and_says_why(tmp_pat
     again = train.run([*TD, "--log-dir", str(log_dir), "--resume"])
     err = capsys.readouterr().err.strip().splitlines()
     assert (log_dir / "NOTES.md").read_text() == "my notes\n" and (log_dir / "mine" / "plot.png").read_bytes() == b"png"
-    assert again["checksum"] == train.summary_checksum(again) and again["episodes_run"] == first["episodes_run"]
+    assert again["checksum"] == summary_checksum(again) and again["episodes_run"] == first["episodes_run"]
     assert len(list(log_dir.glob("events.out.tfevents.*"))) == 1  # the first run's events went with it
     why = "summary.json was changed" if damage == "tampered summary" else "did not finish"
     assert len(err) == 1 and err[0].startswith("--resume: ") and why in err[0] and "rerunning" in err[0], err
@@ -72,7 +73,7 @@ def test_overwrite_deletes_only_what_a_run_writes_sb3_event_folders_included(tmp
     assert second["config_hash"] != first["config_hash"]
     assert (log_dir / "NOTES.md").read_text() == "keep me" and not old_events.exists()
     assert len(list(log_dir.rglob("events.out.tfevents.*"))) == 1  # only the new run's
-    assert train._run_entries(log_dir)[1] == [log_dir / "NOTES.md"]  # all else an SB3 run writes is known as a run's
+    assert run_entries(log_dir)[1] == [log_dir / "NOTES.md"]  # all else an SB3 run writes is known as a run's
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("--overwrite: ") and "NOTES.md" in err[0], err
 

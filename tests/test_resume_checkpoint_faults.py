@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from algorithms import train
+from algorithms.common import log_dir as log_dir_policy
 
 LOOP = [
     "--algo", "vcbm-loop", "--env", "TextWatchRepair-v0", "--model", "tiny-random", "--iterations", "1",
@@ -37,7 +38,7 @@ def finished_run(tmp_path_factory) -> Path:
 
 
 def test_everything_an_llm_run_writes_is_known_as_a_runs(finished_run):
-    own, other = train._run_entries(finished_run)
+    own, other = log_dir_policy.run_entries(finished_run)
     assert other == [] and {p.name for p in own} >= {"config.yml", "summary.json", "checkpoints", "history.json"}
 
 
@@ -78,13 +79,13 @@ def test_a_checkpoint_torch_cannot_write_on_a_full_disk_is_one_line(tmp_path, ca
         raise RuntimeError("basic_ios::clear: iostream error")  # what torch.save says when the disk is full
 
     monkeypatch.setattr(torch, "save", full_disk)
-    monkeypatch.setattr(train, "_filesystem_full", lambda path: True)
+    monkeypatch.setattr(log_dir_policy, "filesystem_full", lambda path: True)
     log_dir = tmp_path / "run"
     code = train.main([*LOOP, "--log-dir", str(log_dir)])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert code == 2 and len(lines) == 1 and "no space left on device" in lines[0], lines
     assert not log_dir.exists()  # no complete checkpoint to resume from: the folder this command made is gone
     # with space left, the same error is not a full disk: it is not hidden
-    monkeypatch.setattr(train, "_filesystem_full", lambda path: False)
+    monkeypatch.setattr(log_dir_policy, "filesystem_full", lambda path: False)
     with pytest.raises(RuntimeError, match="iostream error"):
         train.main([*LOOP, "--log-dir", str(log_dir)])

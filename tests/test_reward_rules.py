@@ -14,6 +14,7 @@ from algorithms.common.credit_slot import CreditSlot
 from algorithms.sb3.buffers import FIT_WINDOW, RelabelingReplayBuffer, pooled_correlation
 from algorithms.tabular.q_learning import QLearningConfig
 from algorithms.tabular.runner import ARM
+from tests.helpers import make_batch
 from tests.test_tabular_credit import FlippedRule, _first_decision_correct_rate  # FlippedRule: rewards negated
 from vcbm_gym.credit.base import EpisodeBatch, RewardRule
 from vcbm_gym.credit.ircr import IRCRRule
@@ -144,7 +145,7 @@ def test_ircr_scale_spans_the_transition_fifo_and_the_best_episodes_by_hand():
     def episode(ret: float, length: int) -> EpisodeBatch:
         rewards = np.zeros((1, length))
         rewards[0, -1] = ret
-        return EpisodeBatch(rewards, np.ones((1, length), bool))
+        return make_batch(rewards)
 
     for ret in (5.0, 1.0, 3.0):  # 4 steps each: 12 > 10 transitions, so the FIFO drops the first (G = 5)
         rule.observe(episode(ret, 4))

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import vcbm_gym  # noqa: F401  (registers WatchRepair-v0)
+from tests.helpers import make_batch
 from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.registry import make_rule
 from vcbm_gym.credit.rrd import RewardModel, RRDConfig, RRDRule, mlp_backward, mlp_forward, rrd_loss, sample_subsets
@@ -201,7 +202,7 @@ def _watch_repair_batches(env: gym.Env, n_batches: int, seed: int) -> list[Episo
                 ep_rews.append(r)
                 done = term or trunc
             obs.append(ep_obs), acts.append(ep_acts), rews.append(ep_rews)
-        batches.append(EpisodeBatch(np.array(rews), np.ones((64, 50), bool), observations=np.array(obs), actions=np.array(acts)))
+        batches.append(make_batch(np.array(rews), observations=np.array(obs), actions=np.array(acts)))
     return batches
 
 
@@ -292,7 +293,7 @@ def test_ppo_takes_the_learned_rewards_as_its_rewards():
     rule.config.train_steps = 0
     model, _, credit = _one_rollout(rule, n_envs=4)
     written, obs, actions = _episodes_from_buffer(model)
-    batch = EpisodeBatch(written, np.ones_like(written, bool), observations=obs, actions=actions)
+    batch = make_batch(written, observations=obs, actions=actions)
     expected = rule.model_rewards(batch)
     assert np.abs(expected).max() > 0 and not np.allclose(expected, credit._env_rewards.T.reshape(expected.shape))
     np.testing.assert_allclose(written, expected, rtol=1e-5, atol=1e-5)

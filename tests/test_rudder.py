@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from envs.watch_repair import WatchRepairFeaturizer
+from tests.helpers import make_batch
 from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.features import SpaceFeaturizer
 from vcbm_gym.credit.rudder import (
@@ -287,7 +288,7 @@ def _episodes(n: int, seed: int, length: int = 50) -> EpisodeBatch:
     obs[:, 1:, 0] = (actions[:, 0] == 0)[:, None]
     rewards = np.zeros((n, length))
     rewards[:, -1] = np.where(actions[:, 0] == 0, rng.normal(brand, 1.0), 0.0)
-    return EpisodeBatch(rewards=rewards, mask=np.ones((n, length), bool), observations=obs, actions=actions)
+    return make_batch(rewards, observations=obs, actions=actions)
 
 
 def test_rule_trains_on_schedule_and_redistributes_afterwards():

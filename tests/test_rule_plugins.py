@@ -276,7 +276,7 @@ def halved_registered():
 def test_a_rule_registered_in_process_runs_by_name_is_scored_and_a_rerun_without_it_says_to_register_it(
     halved_registered, capsys, tmp_path
 ):
-    from algorithms import credit_reference
+    from algorithms.credit_reference.cli import main as credit_reference
     from algorithms.train import main
 
     spec = importlib.util.spec_from_file_location("credit_leakage", REPO / "benchmarks" / "credit_leakage.py")
@@ -289,7 +289,7 @@ def test_a_rule_registered_in_process_runs_by_name_is_scored_and_a_rerun_without
     assert _record(run)["credit_rule"] == {"name": "halved_return", "distribution": None, "version": None}
     out = tmp_path / "ref" / "r.json"
     argv = ["--env", "WatchRepair-v0", "--rules", "halved_return,loo", "--seeds", "2", "--episodes", "3", "--k", "2"]
-    assert credit_reference.main([*argv, "--train-episodes", "4", "--batch-episodes", "2", "--out", str(out)]) == 0
+    assert credit_reference([*argv, "--train-episodes", "4", "--batch-episodes", "2", "--out", str(out)]) == 0
     assert "halved_return" in out.read_text()
     leak = tmp_path / "leak" / "l.json"
     argv = ["--rules", "halved_return", "--seeds", "2", "--episodes", "8", "--batch-episodes", "4", "--out", str(leak)]
@@ -331,7 +331,8 @@ def test_the_rule_authors_page_shows_the_example_plugin_as_it_ships():
 
 def test_a_run_made_with_another_version_of_its_rule_is_not_reused_and_reruns_with_a_warning(capsys, tmp_path):
     import vcbm_gym
-    from algorithms.train import finished_summary, main, resolve_spec
+    from algorithms.common.log_dir import finished_summary
+    from algorithms.train import main, resolve_spec
 
     argv = ["--algo", "td", "--credit", "ircr", "--max-episodes", "2", "--no-progress"]
     assert main([*argv, "--log-dir", str(tmp_path / "run")]) == 0

@@ -1,4 +1,4 @@
-"""Run integrity (issue 12): one resolved config per run, no stale reuse, clean stops, one-line errors."""
+"""Run integrity: one resolved config per run, no stale reuse, clean stops, one-line errors."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from algorithms import compare, credit_fidelity, evaluate, train
 from algorithms.common.cli import MAX_SEED
 from envs.set_retrieval import InvalidSetError, SetRetrievalParams
 from envs.watch_repair import WatchRepairParams, WatchRepairVectorEnv
+from tests.helpers import descendants, needs_proc, start_module, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
 VOLATILE = {"wall_time_s", "train_time_s", "log_dir", "checksum"}
@@ -357,29 +356,6 @@ def test_a_second_compare_into_the_same_out_is_refused(tmp_path, capsys):
     assert not (tmp_path / "mc").exists()
 
 
-def _descendants(pid: int) -> set[int]:
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {child for child, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 KILL_ARGS = dict(seeds=3, workers=2, max_episodes=1500)
 
 
@@ -390,20 +366,16 @@ def uninterrupted(tmp_path_factory):
     return (out / "results.json").read_text()
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+@needs_proc
 @pytest.mark.parametrize(
     "signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGKILL, -9)], ids=["SIGINT", "SIGTERM", "SIGKILL"]
 )
 def test_a_killed_compare_leaves_no_worker_and_resumes_to_the_same_results(tmp_path, uninterrupted, signum, code):
     out = tmp_path / "out"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "algorithms.compare", *_compare_argv(out, **KILL_ARGS)],
+    process = start_module(
+        "algorithms.compare",
+        *_compare_argv(out, **KILL_ARGS),
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
         # a suite started in the background by a non-interactive shell inherits SIGINT ignored, and so
         # would compare (Python keeps an inherited SIG_IGN): give it the disposition a terminal gives
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -411,7 +383,7 @@ def test_a_killed_compare_leaves_no_worker_and_resumes_to_the_same_results(tmp_p
     deadline = time.monotonic() + 120
     while not list(out.glob("*/seed*/summary.json")) and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    workers = _descendants(process.pid)
+    workers = descendants(process.pid)
     assert process.poll() is None and workers, "compare ended before it could be stopped"
     finished_before = len(list(out.glob("*/seed*/summary.json")))
     assert finished_before < 6
@@ -423,10 +395,7 @@ def test_a_killed_compare_leaves_no_worker_and_resumes_to_the_same_results(tmp_p
         assert time.monotonic() - stopped_at < 10
         lines = [line for line in err.strip().splitlines() if line.strip()]
         assert len(lines) == 1 and lines[0].startswith("stopped: "), err
-    deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(pid) for pid in workers)
+    assert not wait_gone(workers)
     kept = len(list(out.glob("*/seed*/summary.json")))
     assert kept >= finished_before
     compare.run(_compare_argv(out, **KILL_ARGS))

@@ -18,6 +18,7 @@ from algorithms.common.errors import VcbmGymError
 from algorithms.sb3.buffers import RelabelingReplayBuffer
 from algorithms.sb3.callbacks import CreditCallback, complete_episodes, discounted_returns_to_go
 from algorithms.train import run as train
+from tests.helpers import make_batch
 from vcbm_gym.credit.base import EpisodeBatch, RewardRule
 from vcbm_gym.credit.broadcast import BroadcastRule
 from vcbm_gym.credit.redistribute import return_equivalent_rewards
@@ -118,7 +119,7 @@ def test_vcbm_bookmark_callback_rewards_are_the_rules_on_the_same_episodes():
     rewards, obs, actions = _episodes_from_buffer(model)
     reference = VCBMBookmarkRule(**kwargs)
     env_rewards = credit._env_rewards.T.reshape(rewards.shape)
-    batch = EpisodeBatch(env_rewards, np.ones_like(env_rewards, bool), observations=obs, actions=actions)
+    batch = make_batch(env_rewards, observations=obs, actions=actions)
     np.testing.assert_allclose(rewards, reference.rewards(batch), rtol=1e-5, atol=1e-4)  # credit before observe
     reference.observe(batch)
     assert reference.bookmarks(batch)[:, 0].all()  # t = 0 (flag 0, clock 0) is the bookmark

@@ -15,16 +15,11 @@ import vcbm_gym  # noqa: F401  (registers WatchRepair-v0, CreditTree-v0)
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.experiment import compare, suite
 from algorithms.experiment.results import locked
-from algorithms.sb3 import buffers, callbacks, runner
+from algorithms.sb3 import buffers, callbacks, checks, runner
 from algorithms.train import main as train_main
 from algorithms.train import resolve_spec
 from algorithms.train import run as train
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and err.startswith("error: "), err
-    return err
+from tests.helpers import one_error_line
 
 
 def test_a_sac_run_reruns_from_its_own_config_yml(tmp_path):
@@ -131,7 +126,7 @@ def test_a_rule_that_cannot_read_the_arms_episodes_is_refused_before_the_run(tmp
     (1,) rows handed over as they are stored, the featurizer's refusal is one line, and nothing is written."""
     monkeypatch.setattr(callbacks, "in_space_shape", lambda values, space, lead: values, raising=False)
     monkeypatch.setattr(buffers, "in_space_shape", lambda values, space, lead: values, raising=False)
-    monkeypatch.setattr(runner, "in_space_shape", lambda values, space, lead: values, raising=False)
+    monkeypatch.setattr(checks, "in_space_shape", lambda values, space, lead: values, raising=False)
     log_dir = tmp_path / "run"
     with pytest.raises(ConfigError, match=r"credit rule 'rrd' with --algo dqn on FrozenLake-v1: the rule cannot read"):
         train(["--algo", "dqn", "--credit", "rrd", "--env", "FrozenLake-v1", "--max-episodes", "4", "--no-progress",
@@ -143,7 +138,7 @@ def test_a_rule_that_cannot_read_the_arms_episodes_is_refused_before_the_run(tmp
 def test_the_rules_lesson_buffer_counts_in_the_memory_check(tmp_path, monkeypatch, rule):
     """Pendulum's 200-step episodes of 4 features: 10^5 episodes are 320 MB of float32 once the rows grow to the
     episode's length; on a machine of 64 MiB the run is refused before its log dir exists."""
-    monkeypatch.setattr(runner, "memory_bytes", lambda: 64 * 2**20)
+    monkeypatch.setattr(checks, "memory_bytes", lambda: 64 * 2**20)
     log_dir = tmp_path / "run"
     kwargs = json.dumps({rule: {"buffer_capacity": 100_000}})
     with pytest.raises(ConfigError) as refused:
@@ -165,7 +160,7 @@ def test_lesson_buffer_bytes_is_what_the_buffer_holds_once_grown():
     features = rule.buffer.features.shape[2]
     rule.buffer.add(np.zeros((200, features), dtype=np.float32), 0.0)  # rows grow to the episode's 200 steps
     grown = rule.buffer.features.nbytes + rule.buffer.lengths.nbytes + rule.buffer.returns.nbytes
-    assert grown <= runner.lesson_buffer_bytes(rule, 200) <= grown + rule.buffer.capacity * features * 4
+    assert grown <= checks.lesson_buffer_bytes(rule, 200) <= grown + rule.buffer.capacity * features * 4
     env.close()
 
 
@@ -196,9 +191,9 @@ def test_the_summary_records_the_device_trained_on(tmp_path):
 def test_supported_action_spaces_are_read_from_sb3():
     from gymnasium import spaces
 
-    assert runner.supported_action_spaces(runner.algo_class("sac")) == (spaces.Box,)
-    assert runner.supported_action_spaces(runner.algo_class("dqn")) == (spaces.Discrete,)
-    assert spaces.MultiBinary in runner.supported_action_spaces(runner.algo_class("ppo"))
+    assert checks.supported_action_spaces(runner.algo_class("sac")) == (spaces.Box,)
+    assert checks.supported_action_spaces(runner.algo_class("dqn")) == (spaces.Discrete,)
+    assert spaces.MultiBinary in checks.supported_action_spaces(runner.algo_class("ppo"))
 
 
 @pytest.mark.parametrize(

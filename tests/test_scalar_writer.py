@@ -1,4 +1,4 @@
-"""`ScalarWriter` encodes Events by hand and computes CRC-32C four bytes at a time (issue 15): both must
+"""`ScalarWriter` encodes Events by hand and computes CRC-32C four bytes at a time (its hot path): both must
 give exactly the bytes of the protobuf library and of the bitwise CRC, and TensorBoard must read them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The snapshot protocol (envs/snapshot.py, issue 34): restored continuations are bit-identical, an outcome seed
+"""The snapshot protocol (envs/snapshot.py): restored continuations are bit-identical, an outcome seed
 redraws only what the episode has not revealed (independent draws with the law's conditional mean and
 variance), a bad state is one line naming what was expected, and check_contract names an env that breaks it."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import math
 import pickle
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -19,6 +18,7 @@ from envs import snapshot as snapshots
 from envs.delayed_reward import DelayedReward
 from envs.snapshot import EnvSnapshot, SnapshotError, SnapshotMixin, restore, snapshot
 from envs.watch_repair import REPAIR, WatchRepairEnv, WatchRepairParams
+from tests.doc_pages import DOCS, first_blocks, section
 from vcbm_gym.contract import ContractError, check_contract, check_snapshot, same
 
 pytest.importorskip("bsuite")
@@ -264,12 +264,11 @@ def test_an_outcome_seed_cannot_change_a_noiseless_continuation():
             assert same(_continue(env, actions), first), env_id
 
 
-def test_the_readme_example_runs_as_written():
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    block = text[text.index("#### Snapshot and branch") :].split("```")[1]
-    language, _, code = block.partition("\n")
-    assert language == "python" and "restore(env, state, outcome_seed=3)" in code
-    exec(compile(code, "README.md", "exec"), {})
+def test_the_docs_example_runs_as_written():
+    """docs/own_env.md, "Snapshot and branch": its Python block, as written."""
+    code = first_blocks(section(DOCS / "own_env.md", "## Snapshot and branch"))["python"]
+    assert "restore(env, state, outcome_seed=3)" in code
+    exec(compile(code, "own_env.md", "exec"), {})
 
 
 # --- errors ------------------------------------------------------------------------------------------------

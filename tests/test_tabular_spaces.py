@@ -1,4 +1,4 @@
-"""The tabular runners on any discrete-action env (issue 22, part 4): observations flattened into a
+"""The tabular runners on any discrete-action env: observations flattened into a
 fresh int64 vector, float boxes and action spaces an agent cannot take refused with one line before
 the log dir exists."""
 

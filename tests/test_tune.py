@@ -14,7 +14,6 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from test_executor import descendants, wait_gone
 
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.spec import Objective
@@ -24,6 +23,7 @@ from algorithms.experiment.trials import Reporter, worker_loop
 from algorithms.experiment.tune import build_parser, main, resolve_settings
 from algorithms.experiment.tune import run as tune
 from algorithms.train import run as train
+from tests.helpers import descendants, needs_proc, start_module, wait_gone
 
 REPO = Path(__file__).resolve().parents[1]
 FAST_VCBM = ["--algo", "vcbm", "--env", "WatchRepair-v0", "--seeds-per-trial", "1", "--max-episodes", "1500"]
@@ -272,21 +272,13 @@ def test_an_env_without_the_convergence_criterion_is_refused_before_any_trial(tm
 
 
 def _tune_process(tmp_path, *extra):
-    return subprocess.Popen(
-        [sys.executable, "-m", "algorithms.tune", *FAST_VCBM, "--out", str(tmp_path / "out"), *extra],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    return start_module("algorithms.tune", *FAST_VCBM, "--out", str(tmp_path / "out"), *extra, cwd=tmp_path)
 
 
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+@needs_proc
 @pytest.mark.parametrize("workers", [2, 1])
 def test_a_stopped_tune_leaves_no_worker_exits_143_with_one_line_and_discounts_its_trials(tmp_path, workers):
-    """Before the executor, tune's workers were reparented to init, ran every trial and died on a broken pipe. The
+    """A worker left behind would be reparented to init, run every trial and die on a broken pipe. The
     stop and orphan behaviour is the executor's (tests/test_executor.py, SIGKILL included); here, that tune's worker
     loops run on it and that a stop fails and discounts the running trials."""
     process = _tune_process(tmp_path, "--trials", "1000", "--workers", str(workers))
@@ -322,7 +314,7 @@ def _has_open(pid: int, path: Path) -> bool:
 
 @pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="reads open files from /proc")
 def test_two_tune_processes_started_with_the_same_command_propose_distinct_trials(tmp_path):
-    """Before, both seeded TPE with --sampler-seed: the second process proposed the first one's trials again."""
+    """Were both to seed TPE with --sampler-seed alone, the second process would propose the first one's trials again."""
     ask_lock = tmp_path / "out" / "study.journal.ask-lock"
     ask_lock.parent.mkdir()
     with open(ask_lock, "a") as held:  # both processes wait for the ask lock: both take part from the start

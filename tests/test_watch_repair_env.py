@@ -26,7 +26,7 @@ def test_make_and_env_checkers_pass():
 
 
 def test_make_without_the_order_wrapper_still_refuses_step_before_reset():
-    """WatchRepair-v0 is registered without OrderEnforcing (issue 15): the env refuses it itself."""
+    """WatchRepair-v0 is registered without OrderEnforcing (a cost on a tabular run's hot path): the env refuses it itself."""
     env = gym.make("WatchRepair-v0", disable_env_checker=True)
     assert env.unwrapped is env
     with pytest.raises(RuntimeError, match="before reset"):

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from algorithms import train as train_module  # noqa: E402
-from algorithms.llm import trainer as trainer_module  # noqa: E402
+from algorithms.llm.training import trainer as trainer_module  # noqa: E402
 
 DUMP = sys.argv[2]
 FACTORS = (0.25, 4.0)

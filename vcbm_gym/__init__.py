@@ -28,17 +28,17 @@ _ENVS = {
         entry_point="envs.watch_repair:WatchRepairEnv",
         vector_entry_point="envs.watch_repair:WatchRepairVectorEnv",
         # The env refuses step() before reset() itself; Gymnasium's OrderEnforcing wrapper would only add
-        # two calls to every step of a tabular run (~5% of its time; issue 15).
+        # two calls to every step of a tabular run (~5% of its time).
         order_enforce=False,
     ),
     "TextWatchRepair-v0": dict(entry_point="envs.text_watch_repair:TextWatchRepairEnv"),
     "TextWatchWorkshop-v0": dict(entry_point="envs.text_watch_workshop:TextWatchWorkshopEnv"),
-    "TextThinkSolve-v0": dict(entry_point="envs.text_think_solve:TextThinkSolveEnv"),  # two roles (issue 35)
+    "TextThinkSolve-v0": dict(entry_point="envs.text_think_solve:TextThinkSolveEnv"),  # two roles of one model
     "SetRetrieval-v0": dict(entry_point="envs.set_retrieval:SetRetrievalEnv"),
     "TextSetRetrieval-v0": dict(entry_point="envs.set_retrieval:TextSetRetrievalEnv"),
     "AppWorld-v0": dict(entry_point="envs.appworld.env:AppWorldEnv"),
-    "ContextMatch-v0": dict(entry_point="envs.context_match:ContextMatchEnv"),  # VCBM's context test (issue 36)
-    # COCOA's exact-gradient test beds (issue 34; docs/papers/cocoa.md)
+    "ContextMatch-v0": dict(entry_point="envs.context_match:ContextMatchEnv"),  # VCBM's context test
+    # COCOA's exact-gradient test beds (docs/papers/cocoa.md)
     "LinearKeyToDoor-v0": dict(entry_point="envs.key_to_door:LinearKeyToDoorEnv"),
     "CreditTree-v0": dict(entry_point="envs.credit_tree:CreditTreeEnv"),
 }

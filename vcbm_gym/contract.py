@@ -25,7 +25,7 @@ An env whose action space does not enumerate a turn's choices (a Text action spa
 `turn_alternatives()` on its unwrapped instance: the finite actions the current turn offers, each a distinct
 decision its parser accepts (TextWatchWorkshop's station tools, "repair()" / "skip()"), and with it
 `optimal_alternative()`: the one it knows to be optimal at this turn, or None where it names none (evaluation
-only). The replay reference (`algorithms/credit_reference.py`) branches over them and its scripted policy takes
+only). The replay reference (`algorithms/credit_reference/`) branches over them and its scripted policy takes
 the optimal one.
 
 An env may offer the snapshot protocol (`envs/snapshot.py`: `snapshot()` / `restore(state, outcome_seed)` on

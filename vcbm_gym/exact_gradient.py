@@ -1,4 +1,4 @@
-"""Exact policy gradients of small episodic MDPs for a tabular softmax policy (COCOA's yardstick; issue 34 item 3).
+"""Exact policy gradients of small episodic MDPs for a tabular softmax policy (COCOA's yardstick).
 
 Meulemans et al., NeurIPS 2023, "Would I have gotten that reward?" score every policy-gradient estimator
 against the exact gradient of the expected return, computed by dynamic programming on the task's MDP (code

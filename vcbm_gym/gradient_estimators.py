@@ -1,4 +1,4 @@
-"""Policy-gradient estimators of a tabular softmax policy, and COCOA's scores of an estimator (issue 34 item 3).
+"""Policy-gradient estimators of a tabular softmax policy, and COCOA's scores of an estimator.
 
 Estimators (one gradient per episode, shape (N, S, A), over padded episode arrays: states as MDP rows, actions,
 rewards, mask; vcbm_gym.exact_gradient.Episodes). Every one is sum_t sum_a d pi(a | s_t) / d logits C_t(a) for a

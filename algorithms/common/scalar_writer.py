@@ -4,7 +4,7 @@
 The file format is TensorFlow's record framing (length, masked CRC-32C of the length, the Event
 protobuf, masked CRC-32C of the data), read by TensorBoard and `EventAccumulator` like any other.
 
-A tabular run logs one Event per episode, so this writer is on its hot path (issue 15): the Event is
+A tabular run logs one Event per episode, so this writer is on its hot path: the Event is
 encoded by hand (the few protobuf fields below, byte for byte what `Event.SerializeToString()` gives,
 which tests/test_scalar_writer.py checks) instead of building ~10 protobuf messages per episode, and
 the CRC-32C takes four bytes per Python step (slicing-by-4) instead of one.

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from algorithms.common import cli
+from algorithms.common import cli, provenance
 from algorithms.common.errors import VcbmGymError
 from algorithms.experiment import llm_study, specs, verdict
 from algorithms.experiment.specs import ExperimentSpec
@@ -240,7 +240,8 @@ def cmd_run(args: argparse.Namespace) -> None:
             n = args.seeds or short.get("seeds") or len(spec.seeds)
             first = args.seed_start if args.seed_start is not None else spec.seeds.start
             seeds = range(first, first + n)
-            return llm_study.run_study(spec.run, seeds, out, args.workers, short.get("iterations"))
+            command_line = provenance.command_line("python -m algorithms.experiment", args.argv)
+            return llm_study.run_study(spec.run, seeds, out, args.workers, short.get("iterations"), command_line)
     else:
         command = compare.run if spec.kind == "compare" else suite.run
     created = not out.exists()
@@ -278,7 +279,9 @@ COMMANDS = {"list": cmd_list, "plan": cmd_plan, "report": cmd_report, "verdicts"
 
 
 def run(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    args.argv = argv
     COMMANDS[args.command](args)
 
 

@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from algorithms import train
 from algorithms.common.errors import VcbmGymError
+from algorithms.common.log_dir import finished_summary
 from algorithms.common.spec import DEPRECATED_ALGOS, RunOptions, RunSpec
 from algorithms.experiment import executor
 from algorithms.experiment.distributed import pack_dir, unpack_dir
@@ -73,14 +74,14 @@ def run_seed(job: Job) -> bytes | None:
 
 
 def count_finished(jobs: list[Job]) -> int:
-    return sum(1 for job in jobs if train.finished_summary(job.log_dir, job.spec)[0] is not None)
+    return sum(1 for job in jobs if finished_summary(job.log_dir, job.spec)[0] is not None)
 
 
 def _reusable(jobs: list[Job]) -> dict[Job, dict[str, Any]]:
     """The jobs whose log dir already holds a finished run of their config; says which others are rerun and why."""
     summaries, stale = {}, []
     for job in jobs:
-        summary, why = train.finished_summary(job.log_dir, job.spec)
+        summary, why = finished_summary(job.log_dir, job.spec)
         if summary is not None:
             summaries[job] = summary
         elif why != "new":
@@ -108,7 +109,7 @@ def train_jobs(
         """One job ended: keep its summary, or its failure for the report at the end."""
         if packed is not None:
             unpack_dir(packed, job.log_dir)
-        summary, why = train.finished_summary(job.log_dir, job.spec) if error is None else (None, error)
+        summary, why = finished_summary(job.log_dir, job.spec) if error is None else (None, error)
         if summary is None:  # keep the other seeds going; report at the end
             failures.append(f"{job.label} seed {job.seed}: {why}")
         else:

@@ -149,7 +149,8 @@ def makespan(costs: Sequence[float], workers: int) -> float:
 
 def finished_history(job: Job) -> tuple[list[dict] | None, str]:
     """(history, "") when job.log_dir holds a finished run of exactly this config and warm-start, else (None, why not)."""
-    from algorithms.train import finished_summary, resolve_argv
+    from algorithms.common.log_dir import finished_summary
+    from algorithms.train import resolve_argv
 
     log = Path(job.log_dir)
     summary, why = finished_summary(log, resolve_argv(list(job.argv)))
@@ -272,12 +273,14 @@ def plan_jobs(run: dict[str, Any], seeds: range, out: Path, iterations: int | No
     return sorted(jobs, key=lambda job: -job.cost_s)
 
 
-def run_study(run: dict[str, Any], seeds: range, out: Path, workers: int, iterations: int | None = None) -> dict[str, Any]:
+def run_study(
+    run: dict[str, Any], seeds: range, out: Path, workers: int, iterations: int | None = None, command: str | None = None
+) -> dict[str, Any]:
     """Train every run of the study (reusing finished ones) and write OUT/results.json, results.md and run.json."""
     settings_of(run), methods_of(run)  # the data checked before anything is built or written
     window = int(run.get("window", 5))
     from algorithms.common.provenance import environment_record
-    from algorithms.llm.warm_start import cached_warm_start
+    from algorithms.llm.model.warm_start import cached_warm_start
 
     record = environment_record()  # the commit the runs ran on, read before they start
     warm_start = cached_warm_start().name  # built once, before the workers need it; its name is its key
@@ -300,7 +303,7 @@ def run_study(run: dict[str, Any], seeds: range, out: Path, workers: int, iterat
     cli.atomic_write_text(out / "results.md", table(results, window))
     cli.atomic_write_json(
         out / "run.json",
-        {"wall_time_s": wall, "warm_start": warm_start, "runs": len(jobs), "runs_reused": reused,
+        {"command": command, "wall_time_s": wall, "warm_start": warm_start, "runs": len(jobs), "runs_reused": reused,
          "run_time_s_sum": sum(h["iteration_time_s"] for j in jobs for h in histories[j]), **record},
     )  # fmt: skip
     print(table(results, window))

@@ -73,7 +73,7 @@ def find_runs(paths: Sequence[str | Path]) -> list[Path]:
 
 
 def _record(run_dir: Path) -> dict[str, Any]:
-    from algorithms.train import read_record
+    from algorithms.common.log_dir import read_record
 
     record = read_record(run_dir)
     if record is None:

@@ -42,17 +42,17 @@ def write_loop_config(log_dir: Path, algo: str, run_cfg: LoopRunConfig, cfg: Any
 
 def model_and_tokenizer(name: str, seed: int, bf16: bool):
     if name == "tiny":
-        from algorithms.llm.warm_start import warm_started_tiny
+        from algorithms.llm.model.warm_start import warm_started_tiny
 
         return warm_started_tiny()
     if name == "tiny-random":
-        from algorithms.llm.tiny import build_tiny
+        from algorithms.llm.model.tiny import build_tiny
 
         return build_tiny(seed)
     import torch
     from transformers import AutoModelForCausalLM
 
-    from algorithms.llm.tiny import load_tokenizer
+    from algorithms.llm.model.tiny import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(name)
@@ -85,7 +85,8 @@ def build_trainer(spec: RunSpec, cfg: Any, writer: Any):
     import torch
     from datasets import Dataset
 
-    from algorithms.llm.trainer import LoopTrainer, MultiTurnGRPOTrainer
+    from algorithms.llm.training.loop import LoopTrainer
+    from algorithms.llm.training.trainer import MultiTurnGRPOTrainer
 
     config: LLMConfig = spec.config
     run_cfg = config.run
@@ -106,7 +107,7 @@ def build_trainer(spec: RunSpec, cfg: Any, writer: Any):
     if spec.algo == "trl-grpo":
         return MultiTurnGRPOTrainer(**common)
     if config.slot is None:  # ccpo: a two-role rule, which the trainer builds itself
-        from algorithms.llm.two_role import TwoRoleTrainer
+        from algorithms.llm.two_role.trainer import TwoRoleTrainer
 
         return TwoRoleTrainer(**common)
     return LoopTrainer(**common, credit_rule=config.slot.build(LLM_CREDIT))
@@ -114,7 +115,7 @@ def build_trainer(spec: RunSpec, cfg: Any, writer: Any):
 
 def announce(trainer: Any, cfg: Any) -> None:
     """Process 0 prints the log-prob memory estimate and the world size at start-up."""
-    from algorithms.llm.metrics import logprob_memory_line
+    from algorithms.llm.training.metrics import logprob_memory_line
 
     vocab = getattr(getattr(trainer.model, "config", None), "vocab_size", None) or len(trainer.processing_class)
     line = logprob_memory_line(
@@ -133,7 +134,7 @@ def announce(trainer: Any, cfg: Any) -> None:
 
 def resume_checkpoint(ckpt_dir: Path) -> str:
     """The checkpoint --resume continues from; one line when there is none."""
-    from algorithms.llm.checkpoints import latest_complete_checkpoint
+    from algorithms.llm.training.checkpoints import latest_complete_checkpoint
 
     checkpoint = latest_complete_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None
     if checkpoint is None:
@@ -185,7 +186,7 @@ def save_final_weights(trainer, folder: Path) -> None:
 
 
 def run_summary(trainer: Any, cfg: Any, run_cfg: LoopRunConfig, checkpoint: str | None, weight_change: float) -> dict[str, Any]:
-    from algorithms.llm.metrics import rule_numbers
+    from algorithms.llm.training.metrics import rule_numbers
 
     history = trainer.history
     final = history[-1] if history else {}

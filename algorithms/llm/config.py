@@ -41,14 +41,14 @@ from trl import GRPOConfig
 
 from algorithms.common.credit_slot import CreditFit, CreditSlot
 from algorithms.common.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, Range, Validated
-from algorithms.llm.loss import OBJECTIVES
-from algorithms.llm.prompting import WITH_ONE_SHOT, prompt_name
+from algorithms.llm.generation.prompting import WITH_ONE_SHOT, prompt_name
+from algorithms.llm.training.loss import OBJECTIVES
 from vcbm_gym.credit.base import ADVANTAGES
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES as RATIO_SHARING
 
 # The credit rule of each LOOP algorithm when no config names one (trl-grpo keeps TRL's own advantage).
 DEFAULT_CREDIT = {"loop": "loo", "vcbm-loop": "vcbm_blend"}
-# What the LLM arm's EpisodeBatch holds (algorithms/llm/batch.py:episode_batch), in the terms of
+# What the LLM arm's EpisodeBatch holds (algorithms/llm/training/batch.py:episode_batch), in the terms of
 # CreditRule.batch_needs: a rule that needs anything else (observations, coalition values) is refused.
 LLM_BATCH_PROVIDES = frozenset(
     {
@@ -61,7 +61,7 @@ LLM_BATCH_PROVIDES = frozenset(
         "extras['branches']",  # the continuations of a branch-based rule (vineppo, rice), played by LoopTrainer
     }
 )
-# The env info keys the rollout reads into the batch (algorithms/llm/rollout.py), in the terms of
+# The env info keys the rollout reads into the batch (algorithms/llm/generation/rollout.py), in the terms of
 # CreditRule.info_needs, and those it has a stand-in for when an env does not report them: an env
 # need not report these for a rule that learns from them.
 LLM_INFO_PROVIDES = frozenset({"state_mutating", "execution_output", "effect"})
@@ -149,7 +149,7 @@ class LLMConfig:
     @property
     def slot(self) -> CreditSlot | None:
         """The credit rule's recipe; None for trl-grpo (TRL's own group advantage) and ccpo (its two-role rules)."""
-        if not getattr(self.trainer, "RULE_CREDIT", False):  # trl-grpo; ccpo's two-role credit (two_role_config.py)
+        if not getattr(self.trainer, "RULE_CREDIT", False):  # trl-grpo; ccpo's two-role credit (two_role/config.py)
             return None
         return CreditSlot(self.trainer.credit, self.trainer.credit_kwargs)
 
@@ -179,7 +179,10 @@ class MultiTurnGRPOConfig(GRPOConfig):
     )
     system_prompt: str | None = field(
         default=None,
-        metadata={"help": "a registered prompt's name (algorithms.llm.prompting.PROMPTS: tiny, appworld; None: the generic one)"},
+        metadata={
+            "help": "a registered prompt's name (algorithms.llm.generation.prompting.PROMPTS: tiny, appworld; "
+            "None: the generic one)"
+        },
     )
     report_to: str | list[str] | None = "none"
     logging_steps: float = 1

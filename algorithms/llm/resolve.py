@@ -19,7 +19,7 @@ from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_va
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.spec import RunSpec
 from algorithms.llm.config import DEFAULT_CREDIT, LLM_CREDIT, LLMConfig, LoopConfig, LoopRunConfig, MultiTurnGRPOConfig
-from algorithms.llm.two_role_config import TWO_ROLE_DEFAULT, TwoRoleConfig
+from algorithms.llm.two_role.config import TWO_ROLE_DEFAULT, TwoRoleConfig
 
 # Keys of the earlier shape (credit: loo | vcbm with vcbm_* beside it) -> their vcbm_blend argument.
 MOVED_KEYS = {
@@ -70,7 +70,7 @@ REPORTED = (
     "activation_checkpointing",
 )
 RUN_KEYS = frozenset(f.name for f in dataclasses.fields(LoopRunConfig))
-# Each algo's own credit when no config names one: LOOP's rules, and ccpo's two-role rule (two_role_config.py)
+# Each algo's own credit when no config names one: LOOP's rules, and ccpo's two-role rule (two_role/config.py)
 OWN_CREDIT = {**DEFAULT_CREDIT, "ccpo": TWO_ROLE_DEFAULT}
 TWO_ROLE_REPORTED = ("objective", "role_schedule", "switch_every")
 

@@ -3,7 +3,7 @@
     python -m algorithms.train --algo vcbm-loop --env TextWatchRepair-v0 --model tiny --iterations 3
 
 `--model tiny` is a tiny Qwen2 built offline and given a short format warm-start (supervised
-tool-call turns that say nothing about which decision is right; algorithms.llm.warm_start), the
+tool-call turns that say nothing about which decision is right; algorithms.llm.model.warm_start), the
 stand-in for an instruct model; `--model tiny-random` is the same model untrained. Any other value
 is a Hugging Face name or local path loaded with transformers. `finetune: auto` trains every
 parameter of the tiny models (LoRA cannot lift their frozen, nearly flat output layer enough to
@@ -118,7 +118,7 @@ def check_model(name: str) -> None:
         raise VcbmGymError(f"--model {name!r} is a file; expected a model folder (config.json, weights, tokenizer) or a hub name")
     from transformers import AutoConfig
 
-    from algorithms.llm.tiny import load_tokenizer
+    from algorithms.llm.model.tiny import load_tokenizer
 
     try:
         AutoConfig.from_pretrained(name)
@@ -132,9 +132,9 @@ def check_model(name: str) -> None:
 
 
 def check_system_prompt(name: str | None) -> None:
-    """`system_prompt`: None or a registered prompt's name (algorithms.llm.prompting.PROMPTS), whose text is built
+    """`system_prompt`: None or a registered prompt's name (algorithms.llm.generation.prompting.PROMPTS), whose text is built
     once here; the registry is the only lookup, so a config's string never imports a module of its own choosing."""
-    from algorithms.llm.prompting import system_prompt_text
+    from algorithms.llm.generation.prompting import system_prompt_text
 
     try:
         system_prompt_text(name)
@@ -205,7 +205,7 @@ class LLMArm(Arm):
         """Everything a run can refuse before it trains, checked before algorithms.train writes the log dir:
         the model path, the env's info keys and turn limit, the system prompt. The model's weights are not
         loaded (that is the run's first work)."""
-        from algorithms.llm.trainer import check_turn_limits
+        from algorithms.llm.training.trainer import check_turn_limits
 
         config: LLMConfig = spec.config
         cfg = config.trainer

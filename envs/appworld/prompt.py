@@ -1,6 +1,6 @@
 """The ReAct prompt and one-shot example for AppWorld-v0, as plain text (written for this project).
 
-The LOOP trainer (`algorithms/llm/prompting.py`) owns the generic machinery (message list,
+The LOOP trainer (`algorithms/llm/generation/prompting.py`) owns the generic machinery (message list,
 three-stage truncation); this module only supplies AppWorld's words. Each agent turn is a short
 thought followed by one ```python block; AppWorldEnv runs only the fenced code
 (`envs.appworld.env.code_from_action`) and answers with what it printed.

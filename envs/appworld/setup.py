@@ -26,11 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-from envs.appworld.pool import default_root, default_venv, venv_python
+from envs.appworld.server_process import default_root, default_venv, venv_python
 
 APPWORLD_REQUIREMENT = "appworld==0.1.3.post1"
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SYNTHETIC_SOURCE = Path(__file__).with_name("synthetic.py")
+SYNTHETIC_SOURCES = tuple(Path(__file__).with_name(name) for name in ("synthetic.py", "synthetic_tasks.py"))
 
 
 def _run(command: list[str], **kwargs) -> None:
@@ -59,7 +59,7 @@ def ensure_venv(venv: Path | None = None) -> Path:
 
 
 def synthetic_stamp(tasks_per_scenario: int, seed: int) -> str:
-    digest = hashlib.sha256(SYNTHETIC_SOURCE.read_bytes()).hexdigest()[:16]
+    digest = hashlib.sha256(b"".join(path.read_bytes() for path in SYNTHETIC_SOURCES)).hexdigest()[:16]
     return f"{digest}-{tasks_per_scenario}-{seed}"
 
 

@@ -6,7 +6,7 @@ continuations with the current policy to the episode's end, and hands the rule t
 
 - the rule says where to branch and how often (`branch_points`, a pure function of per-turn arrays: the number
   of turns, the mean token entropy of each turn, which turns were executable actions);
-- the arm plays the continuations (algorithms/llm/trainer.py) and puts what they gave into the batch's extras;
+- the arm plays the continuations (algorithms/llm/training/branches.py) and puts what they gave into the batch's extras;
 - the rule turns them into per-token credit (`advantages`), again a pure function of arrays.
 
 What the arm puts in `EpisodeBatch.extras` (one entry per episode, turn order):

@@ -9,7 +9,7 @@ equation lives and the choices made where the paper or its code is ambiguous.
 
 These functions are not rules of the `RULES` table (vcbm_gym/credit/registry.py): a rule there maps one EpisodeBatch
 of single-agent episodes to credit, while these need each episode's counterfactual (solo) outcome and its role.
-The LLM arm's two-role trainer (`--algo ccpo`, algorithms/llm/two_role.py) calls `role_rewards` on its trained rows.
+The LLM arm's two-role trainer (`--algo ccpo`, algorithms/llm/two_role/trainer.py) calls `role_rewards` on its trained rows.
 Inputs are checked here, one ValueError line each.
 """
 
@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from vcbm_gym.credit import options
+import vcbm_gym.credit.options as options
 from vcbm_gym.credit.grpo import group_relative_advantages
 
 THINKER_BONUS_WEIGHT = 0.2  # CCPO's lambda: Thinker reward R_joint + lambda * bonus

@@ -28,7 +28,7 @@ from collections.abc import Hashable
 
 import numpy as np
 
-from vcbm_gym.credit import options
+import vcbm_gym.credit.options as options
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 from vcbm_gym.credit.grpo import NORMALISE_STD, STD_EPS, group_relative_advantages
 

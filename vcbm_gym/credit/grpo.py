@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vcbm_gym.credit import options
+import vcbm_gym.credit.options as options
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 # Written once for GRPO's and GiGPO's group normalisation (functions and rules alike).

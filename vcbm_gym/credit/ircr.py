@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from vcbm_gym.credit import options
+import vcbm_gym.credit.options as options
 from vcbm_gym.credit.base import ADVANTAGES, REWARDS, EpisodeBatch, RewardRule
 
 BASELINES = ("none", "batch_mean", "given")

@@ -5,10 +5,13 @@ why: a run takes ~10^4 steps, and torch's per-op overhead dominates them)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from vcbm_gym.credit.features import Featurizer
 
 
 class LessonBuffer:
@@ -109,3 +112,22 @@ def adam_step(
         v *= beta2
         v += (1.0 - beta2) * grad * grad
         param -= (lr / correction1) * m / (np.sqrt(v) / np.sqrt(correction2) + eps)
+
+
+def learned_rule_config(rule: str, featurizer: Any, config: Any, config_cls: type, overrides: Mapping[str, Any]) -> Any:
+    """A learned-credit rule's config (RRDRule's, RudderRule's): `config` (else `config_cls()`) with the keyword
+    `overrides` applied, once `featurizer` is known to give per-step features; a bad one is one ValueError line."""
+    if not isinstance(featurizer, Featurizer):
+        raise ValueError(
+            f"featurizer={featurizer!r}: expected per-step features with `n_features` "
+            f"(SpaceFeaturizer(observation_space, action_space), an env's credit_featurizer(), or {rule}.from_env(env))"
+        )
+    cfg = config or config_cls()
+    if overrides:
+        unknown = sorted(set(overrides) - set(asdict(cfg)))
+        if unknown:
+            raise ValueError(
+                f"unknown {rule} option(s) {unknown}; expected fields of {config_cls.__name__}: {sorted(asdict(cfg))}"
+            )
+        cfg = config_cls(**{**asdict(cfg), **overrides})
+    return cfg

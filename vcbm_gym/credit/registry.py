@@ -101,9 +101,11 @@ def forget_entry_points() -> None:
 
 
 def _builtin_version() -> str:
-    import vcbm_gym
-
-    return vcbm_gym.__version__
+    """The installed vcbm-gym's version (its distribution's metadata, as for a plug-in's)."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 @functools.cache

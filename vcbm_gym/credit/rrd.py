@@ -61,10 +61,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from vcbm_gym.credit import options
+import vcbm_gym.credit.options as options
 from vcbm_gym.credit.base import EpisodeBatch, RewardRule
 from vcbm_gym.credit.features import Featurizer, TransitionFeaturizer, episode_featurizer, is_per_transition
-from vcbm_gym.credit.model_training import AdamState, LessonBuffer, adam_step
+from vcbm_gym.credit.model_training import AdamState, LessonBuffer, adam_step, learned_rule_config
 
 DTYPES = ("float64", "float32")
 
@@ -226,17 +226,7 @@ class RRDRule(RewardRule):
     def __init__(
         self, featurizer: Featurizer | None = None, *, config: RRDConfig | None = None, seed: int = 0, **overrides: Any
     ) -> None:
-        if not isinstance(featurizer, Featurizer):
-            raise ValueError(
-                f"featurizer={featurizer!r}: expected per-step features with `n_features` "
-                "(SpaceFeaturizer(observation_space, action_space), an env's credit_featurizer(), or RRDRule.from_env(env))"
-            )
-        cfg = config or RRDConfig()
-        if overrides:
-            unknown = sorted(set(overrides) - set(asdict(cfg)))
-            if unknown:
-                raise ValueError(f"unknown RRDRule option(s) {unknown}; expected fields of RRDConfig: {sorted(asdict(cfg))}")
-            cfg = RRDConfig(**{**asdict(cfg), **overrides})
+        cfg = learned_rule_config("RRDRule", featurizer, config, RRDConfig, overrides)
         self.config, self.featurizer = cfg, featurizer
         self.n_features = int(featurizer.n_features)
         self.model = RewardModel(self.n_features, cfg.hidden_sizes, seed, cfg.dtype)

@@ -56,10 +56,15 @@ import torch
 from scipy.special import expit
 from torch import nn
 
-from vcbm_gym.credit import options
+import vcbm_gym.credit.options as options
 from vcbm_gym.credit.base import EpisodeBatch, RewardRule
 from vcbm_gym.credit.features import Featurizer, episode_featurizer
-from vcbm_gym.credit.model_training import AdamState, LessonBuffer, adam_step  # noqa: F401 (also imported from here)
+from vcbm_gym.credit.model_training import (  # noqa: F401 (also imported from here)
+    AdamState,
+    LessonBuffer,
+    adam_step,
+    learned_rule_config,
+)
 
 
 @dataclass
@@ -334,19 +339,7 @@ class RudderRule(RewardRule):
     def __init__(
         self, featurizer: Featurizer | None = None, *, config: RudderCreditConfig | None = None, seed: int = 0, **overrides: Any
     ) -> None:
-        if not isinstance(featurizer, Featurizer):
-            raise ValueError(
-                f"featurizer={featurizer!r}: expected per-step features with `n_features` "
-                "(SpaceFeaturizer(observation_space, action_space), an env's credit_featurizer(), or RudderRule.from_env(env))"
-            )
-        cfg = config or RudderCreditConfig()
-        if overrides:
-            unknown = sorted(set(overrides) - set(asdict(cfg)))
-            if unknown:
-                raise ValueError(
-                    f"unknown RudderRule option(s) {unknown}; expected fields of RudderCreditConfig: {sorted(asdict(cfg))}"
-                )
-            cfg = RudderCreditConfig(**{**asdict(cfg), **overrides})
+        cfg = learned_rule_config("RudderRule", featurizer, config, RudderCreditConfig, overrides)
         self.config, self.featurizer = cfg, featurizer
         n_features = int(featurizer.n_features)
         self.model = GatelessLSTM(n_features, cfg.hidden_size, cfg.init_std, cfg.input_gate_bias_init, seed).double()

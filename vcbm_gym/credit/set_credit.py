@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from vcbm_gym.credit import options
+import vcbm_gym.credit.options as options
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 CoalitionValues = np.ndarray | Sequence[float] | Callable[[frozenset], float]

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from vcbm_gym.credit import options
+import vcbm_gym.credit.options as options
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 from vcbm_gym.credit.loo import loo_advantages
 from vcbm_gym.credit.vcbm_bookmark import FLOOR_WEIGHT

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from gymnasium import spaces
 
-from vcbm_gym.credit import options
+import vcbm_gym.credit.options as options
 from vcbm_gym.credit.base import ADVANTAGES, REWARDS, EpisodeBatch, RewardRule
 from vcbm_gym.credit.broadcast import DEFAULT_BASELINE, BroadcastRule
 from vcbm_gym.credit.causal_roles import (

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from vcbm_gym.credit import options
+import vcbm_gym.credit.options as options
 from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.branch import BranchRule, spread_over_turns, turn_ids_of
 

@@ -37,13 +37,13 @@ import numpy as np
 
 from algorithms.common.credit_slot import CreditSlot, credit_of
 from algorithms.common.errors import VcbmGymError
-from algorithms.llm.batch import gather_episode_batch
 from algorithms.llm.config import LLM_CREDIT
-from algorithms.llm.loss import global_normalized_advantages
-from algorithms.llm.prompting import WITH_ONE_SHOT
-from algorithms.llm.rollout import Episode, _take_turn, prompt_episodes, render
-from algorithms.llm.trainer import LoopTrainer
-from algorithms.llm.two_role_config import TwoRoleConfig, role_of_iteration, row_roles
+from algorithms.llm.generation.prompting import WITH_ONE_SHOT
+from algorithms.llm.generation.rollout import Episode, _take_turn, prompt_episodes, render
+from algorithms.llm.training.batch import gather_episode_batch
+from algorithms.llm.training.loop import LoopTrainer
+from algorithms.llm.training.loss import global_normalized_advantages
+from algorithms.llm.two_role.config import TwoRoleConfig, role_of_iteration, row_roles
 from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.ccpo import parse_credit_split, role_rewards
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.llm.rollout import Episode
+from algorithms.llm.generation.rollout import Episode
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 

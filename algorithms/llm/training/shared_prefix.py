@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from algorithms.llm.decode import CACHE
+from algorithms.llm.generation.decode import CACHE
 
 
 def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

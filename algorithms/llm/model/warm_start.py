@@ -10,7 +10,7 @@ whatever the brand; at a workshop station it picks either tool 50/50. The data t
 format and *carry no information about which decision is right*: after warm-start the model
 repairs each brand about as often as it skips, and RL must learn the rest.
 
-Two choices make the result a model that RL can move brand by brand (measured, issue 10):
+Two choices make the result a model that RL can move brand by brand (measured):
 
 - **The model reads the brand.** A real instruct model's state at the decision carries what the
   prompt says; a tiny model trained only on brand-independent targets learns to ignore the brand
@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.llm.prompting import initial_messages
+from algorithms.llm.generation.prompting import initial_messages, tiny_system_prompt
 
 WARM_START_ENVS = ("TextWatchRepair-v0", "TextWatchWorkshop-v0")
 MARKER = "warm_start.json"
@@ -78,18 +78,6 @@ class WarmStartConfig:
 # After its decision the scripted policy inspects Alder and Corvina watches and waits on Borealis and
 # Dunmore ones: a brand routine orthogonal to the right decision (repair pays for brands 1 and 2).
 BRAND_ROUTINE = ("inspect", "wait", "inspect", "wait")
-
-
-TINY_SYSTEM_PROMPT = "You act in a text environment. Answer each observation with one tool call: Action: <subject> <tool>()"
-
-
-def tiny_system_prompt(one_shot: bool = False) -> str:
-    """The system prompt of the tiny models (`system_prompt: tiny`).
-
-    One line instead of the generic ReAct prompt: a model this small does not read instructions,
-    and every prompt token dilutes the attention that its decision has to pay to the brand.
-    """
-    return TINY_SYSTEM_PROMPT
 
 
 def format_answer(subject: str, tool: str) -> str:
@@ -187,7 +175,7 @@ def cached_warm_start(cfg: WarmStartConfig = WarmStartConfig(), cache_dir: str |
     (a hash of the settings, the SFT data, the model config and the vocabulary)."""
     import torch
 
-    from algorithms.llm.tiny import build_tiny
+    from algorithms.llm.model.tiny import build_tiny
 
     model, tokenizer = build_tiny(
         cfg.model_seed, hidden_size=cfg.hidden_size, tie_embeddings=cfg.tie_embeddings, embedding_std=cfg.embedding_std

@@ -3,7 +3,7 @@
 For tests and laptops: no download, a few hundred thousand parameters, a training step well under
 a second on a CPU. The tokenizer is trained by the `tokenizers` library on the project's own
 prompt texts and on texts that the embedded text environments print when played at random, so
-every tool name and observation word is one token. `algorithms.llm.warm_start` turns this random
+every tool name and observation word is one token. `algorithms.llm.model.warm_start` turns this random
 model into the stand-in for an instruct model (`--model tiny`); `--model tiny-random` is the
 model as built here.
 """
@@ -15,7 +15,7 @@ import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from algorithms.llm.prompting import ONE_SHOT_EXAMPLE, SYSTEM_PROMPT
+from algorithms.llm.generation.prompting import ONE_SHOT_EXAMPLE, SYSTEM_PROMPT
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "[UNK]")
 CHATML_TEMPLATE = (

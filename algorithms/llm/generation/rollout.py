@@ -8,11 +8,11 @@ token carries its turn id; per turn we keep the env contract's keys (vcbm_gym/co
 absent) and `info["effect"]` (EMPO's canonical effect; None when absent). The runner checks at the
 first step that the env reports the keys the chosen credit and ratio sharing learn from.
 
-Generation is batched over the live episodes of a turn: `CachedGeneration` (algorithms.llm.decode,
-each episode's keys and values kept across turns, the packed forward of algorithms.llm.packed_forward
+Generation is batched over the live episodes of a turn: `CachedGeneration` (algorithms.llm.generation.decode,
+each episode's keys and values kept across turns, the packed forward of algorithms.llm.generation.packed_forward
 where the model allows) by default, `hf_generate` (transformers `generate`, every context re-encoded
 each turn) for sharded or sliding-window models, TRL's vLLM engine when the trainer has one. When the conversation outgrows
-`truncation_chars`, the context given to the model is the truncated one (algorithms.llm.prompting)
+`truncation_chars`, the context given to the model is the truncated one (algorithms.llm.generation.prompting)
 while the training sequence keeps every token; the importance ratio against the trainer's own
 log-probabilities absorbs the difference.
 """
@@ -29,8 +29,8 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper
 
 from algorithms.common.errors import VcbmGymError
-from algorithms.llm.decode import CachedGeneration, answers_until_eos, full_attention_only, left_padded
-from algorithms.llm.prompting import WITH_ONE_SHOT, initial_messages, prompt_chars, truncate_messages
+from algorithms.llm.generation.decode import CachedGeneration, answers_until_eos, full_attention_only, left_padded
+from algorithms.llm.generation.prompting import WITH_ONE_SHOT, initial_messages, prompt_chars, truncate_messages
 from envs.snapshot import restore, snapshot
 from vcbm_gym.contract import check_reward, env_name
 

@@ -1,4 +1,4 @@
-"""Runner for `--algo ccpo` (the LLM arm with two roles of one model: algorithms/llm/two_role.py).
+"""Runner for `--algo ccpo` (the LLM arm with two roles of one model: algorithms/llm/two_role/trainer.py).
 
     python -m algorithms.train --algo ccpo --env TextThinkSolve-v0 --credit sepo --model tiny --iterations 3
 
@@ -18,7 +18,7 @@ from algorithms.common.config import make_env
 from algorithms.common.errors import ConfigError
 from algorithms.common.spec import RunSpec
 from algorithms.llm.runner import LLMArm, check_model, check_system_prompt
-from algorithms.llm.two_role_config import ROLE_SCHEDULES, TWO_ROLE_DEFAULT
+from algorithms.llm.two_role.config import ROLE_SCHEDULES, TWO_ROLE_DEFAULT
 from vcbm_gym.credit.ccpo import TWO_ROLE_CREDITS
 
 
@@ -51,7 +51,7 @@ class TwoRoleArm(LLMArm):
 
     def validate(self, spec: RunSpec) -> None:
         """The model path, the env's two-role reset option and turn limit, the system prompt."""
-        from algorithms.llm.trainer import check_turn_limits
+        from algorithms.llm.training.trainer import check_turn_limits
 
         cfg = spec.config.trainer
         check_model(spec.config.run.model)

@@ -1,6 +1,6 @@
 """A decoder forward pass over packed tokens and a gap-free key/value cache, for the rollout's sampling.
 
-`CachedGeneration` (algorithms.llm.decode) feeds each turn's new tokens, and then one token per
+`CachedGeneration` (algorithms.llm.generation.decode) feeds each turn's new tokens, and then one token per
 step, to a batch of episodes whose contexts have different lengths. Through transformers' forward
 the batch is a rectangle: a turn's chunks are left-padded to the longest (padding that every
 projection and MLP computes), the cache is a [rows, slots] rectangle with masked holes, the
@@ -77,7 +77,7 @@ def _single_query_attention(query, keys, values, bias, scaling: float) -> torch.
 class PackedForward:
     """Rows of episodes with a gap-free key/value cache each; `feed` and `step` return each row's next-token logits.
 
-    The interface of the rollout's cache engines (algorithms.llm.decode): `reset`, `select` (rows
+    The interface of the rollout's cache engines (algorithms.llm.generation.decode): `reset`, `select` (rows
     reordered, repeated or dropped), `feed` (a chunk of new tokens per row, with `room`: the decoding
     steps that may follow) and `step` (one token per row; a row whose token is not `kept`,
     an episode that already ended, does not advance: its slot is overwritten by its next real token).

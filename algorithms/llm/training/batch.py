@@ -7,7 +7,7 @@ import hashlib
 
 import numpy as np
 
-from algorithms.llm.rollout import Episode
+from algorithms.llm.generation.rollout import Episode
 from vcbm_gym.credit.base import EpisodeBatch
 
 

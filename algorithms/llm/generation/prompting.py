@@ -42,15 +42,31 @@ BLANKED = "[old observation omitted]"
 WITH_ONE_SHOT = True
 
 
+TINY_SYSTEM_PROMPT = "You act in a text environment. Answer each observation with one tool call: Action: <subject> <tool>()"
+
+
+def tiny_system_prompt(one_shot: bool = False) -> str:
+    """The system prompt of the tiny models (`system_prompt: tiny`; their answer format: algorithms.llm.model.warm_start).
+
+    One line instead of the generic ReAct prompt: a model this small does not read instructions,
+    and every prompt token dilutes the attention that its decision has to pay to the brand.
+    """
+    return TINY_SYSTEM_PROMPT
+
+
 # The system prompts a config can name (`system_prompt: NAME`): name -> the function(one_shot) that writes it. A config
 # is data: its string is looked up here and nothing else is imported, so a config file from elsewhere cannot run code.
 PROMPTS: dict[str, str] = {
-    "tiny": "algorithms.llm.warm_start:tiny_system_prompt",  # the warm-started tiny models' one-line prompt
+    "tiny": "algorithms.llm.generation.prompting:tiny_system_prompt",  # the warm-started tiny models' one-line prompt
     "appworld": "envs.appworld.prompt:system_prompt",  # AppWorld's ReAct prompt with its API docs and worked example
 }
 # Each registered function's own module:function path, accepted as another name of the same prompt (looked up in
-# this table, never imported), so that a config.yml that spells it so still reruns.
-PROMPT_ALIASES: dict[str, str] = {target: name for name, target in PROMPTS.items()}
+# this table, never imported), so that a config.yml that spells it so still reruns; so is the path by which config.yml
+# files of earlier versions name the tiny prompt.
+PROMPT_ALIASES: dict[str, str] = {
+    **{target: name for name, target in PROMPTS.items()},
+    "algorithms.llm.warm_start:tiny_system_prompt": "tiny",
+}
 
 
 def prompt_name(value: object) -> str | None:
@@ -64,7 +80,7 @@ def prompt_name(value: object) -> str | None:
         return PROMPT_ALIASES[value]
     raise ValueError(
         f"system_prompt={value!r} is not a registered prompt: expected one of {', '.join(PROMPTS)} "
-        "(algorithms.llm.prompting.PROMPTS), or null for the generic ReAct prompt"
+        "(algorithms.llm.generation.prompting.PROMPTS), or null for the generic ReAct prompt"
     )
 
 
