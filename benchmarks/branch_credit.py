@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -72,7 +71,6 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import llm_learning as base  # noqa: E402
 
 from algorithms.common import cli  # noqa: E402
-from algorithms.common.errors import VcbmGymError  # noqa: E402
 
 METHODS = ("loop", "vcbm-loop", "vineppo", "rice")
 BRANCH_METHODS = ("vineppo", "rice")
@@ -106,16 +104,7 @@ def run_argv(setting: base.Setting, method: str, seed: int, iterations: int, log
 
 def plan(settings: Sequence[str], seeds: int | None, iterations: int | None, methods: Sequence[str] | None):
     """(setting, method, seed, budget, cost_s) of every run selected, longest first."""
-    rows = []
-    for name in settings:
-        setting = SETTINGS[name]
-        budget = iterations or setting.iterations
-        for method in setting.methods:
-            if methods and method not in methods:
-                continue
-            for seed in range(seeds or setting.seeds):
-                rows.append((name, method, seed, budget, base.START_S + budget * rate(setting, method)))
-    return sorted(rows, key=lambda row: -row[4])
+    return base.plan(settings, seeds, iterations, methods, SETTINGS, rate)
 
 
 def estimate_text(rows: list, workers: int) -> str:
@@ -129,8 +118,7 @@ def estimate_text(rows: list, workers: int) -> str:
             f"{name}{reduced}: {len(mine)} runs of {mine[0][3]} iterations ({per_method} per iteration, "
             f"{base.START_S:.0f} s start) = {minutes:.1f} run-minutes"
         )
-    total, span = sum(row[4] for row in rows), base.makespan([r[4] for r in rows], workers)
-    lines.append(f"total {total / 60:.1f} run-minutes on {workers} workers: about {span / 60:.0f} min")
+    lines.append(base.estimate_total([row[4] for row in rows], workers))
     return "\n".join(lines)
 
 
@@ -270,9 +258,7 @@ def table(results: dict, window: int, wall_s: float | None = None) -> str:
             cells = [f"{base._ci(c[k]['probability_of_improvement'])} (p {base._p(c[k]['mann_whitney'])})" for k, _ in COMPARED]
             lines.append(f"| {name} | {pair} | " + " | ".join(cells) + " |")
     lines.append("")
-    if wall_s is not None:
-        lines.append(f"- wall time {wall_s / 60:.1f} min")
-    return "\n".join(lines) + "\n"
+    return base.markdown(lines, wall_s)
 
 
 def plot(results: dict, path: Path) -> None:
@@ -310,39 +296,19 @@ def plot(results: dict, path: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = cli.ArgumentParser(prog="python benchmarks/branch_credit.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS), help=f"of: {', '.join(SETTINGS)}")
-    parser.add_argument("--methods", nargs="+", default=None, help=f"a subset of: {', '.join(METHODS)}")
-    parser.add_argument("--seeds", type=int, default=None, help="seeds per method (default: each setting's)")
-    parser.add_argument("--iterations", type=int, default=None, help="every setting's budget (default: each setting's)")
-    parser.add_argument("--window", type=int, default=5, help="iterations averaged for the 90%% criterion")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", default="runs/branch_credit")
-    parser.add_argument("--estimate", action="store_true", help="print the runs' time budget and exit")
-    return parser
+    """llm_learning's options over these settings and methods, without --hyperparams."""
+    return base.build_parser(
+        "python benchmarks/branch_credit.py", __doc__.splitlines()[0], SETTINGS, DEFAULT_SETTINGS, METHODS,
+        "runs/branch_credit", hyperparams=False,
+    )  # fmt: skip
 
 
 def check_args(args: argparse.Namespace) -> None:
     """Every argument checked before anything is written."""
-    for name in args.settings:
-        if name not in SETTINGS:
-            raise VcbmGymError(f"--settings {name!r}: expected some of {', '.join(SETTINGS)}")
-    for method in args.methods or ():
-        if method not in METHODS:
-            raise VcbmGymError(f"--methods {method!r}: expected some of {', '.join(METHODS)}")
-    cli.check_int(args.workers, "--workers", 1)
-    cli.check_int(args.window, "--window", 1)
-    if args.seeds is not None:
-        cli.check_int(args.seeds, "--seeds", 1)
-    if args.iterations is not None:
-        cli.check_int(args.iterations, "--iterations", args.window)
-    from algorithms.train import resolve_argv
-
-    for name in args.settings:  # one dry resolve per setting and method: a bad one fails here, not in a worker
-        setting = SETTINGS[name]
-        for method in setting.methods:
-            if not args.methods or method in args.methods:
-                resolve_argv(run_argv(setting, method, 0, args.iterations or setting.iterations, Path("unused"), []))
+    base.check_choices("--settings", args.settings, list(SETTINGS))
+    base.check_choices("--methods", args.methods or (), METHODS)
+    base.check_counts(args)
+    base.resolve_selected(args, SETTINGS, run_argv, [])
     cli.check_output_dir(args.out, "--out")
 
 
@@ -354,47 +320,24 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
     if args.estimate:
         return {}
     out = cli.output_dir(args.out, "--out")
-    start = time.perf_counter()
-    from algorithms.common.provenance import command_line, environment_record
-    from algorithms.llm.model.warm_start import cached_warm_start
-
-    record = environment_record()
-    warm_start = cached_warm_start().name
-    jobs = [
-        base.Job(
-            name,
-            method,
-            seed,
-            tuple(run_argv(SETTINGS[name], method, seed, budget, out / name / method / f"seed{seed}", [])),
-            str(out / name / method / f"seed{seed}"),
-            warm_start,
-            cost,
-        )
-        for name, method, seed, budget, cost in rows
-    ]
-    histories, reused = base.run_reusing(jobs, args.workers, start, base.final_rate)
-    wall = time.perf_counter() - start
-    by_setting: dict[str, dict[str, list]] = {}
-    for job in sorted(jobs, key=lambda j: (list(SETTINGS).index(j.setting), METHODS.index(j.method), j.seed)):
-        by_setting.setdefault(job.setting, {}).setdefault(job.method, []).append(histories[job])
-    budgets = {job.setting: len(histories[job]) for job in jobs}
-    results = summarise(by_setting, args.window, budgets)
-    payload = {"warm_start": warm_start, "target": base.TARGET, "window": args.window, "settings": results, "wall_time_s": wall}
-    cli.atomic_write_json(out / "results.json", payload)
-    cli.atomic_write_json(
-        out / "run.json",
-        {
-            "command": command_line("python benchmarks/branch_credit.py", argv),
-            "wall_time_s": wall,
-            "warm_start": warm_start,
-            "runs": len(jobs),
-            "runs_reused": reused,
-            **record,
-        },
+    trained = base.train_reusing(
+        lambda warm_start: base.jobs_of(rows, out, warm_start, [], SETTINGS, run_argv), args.workers, base.final_rate
     )
-    cli.atomic_write_text(out / "results.md", table(results, args.window, wall))
-    plot(results, out / "curves.png")
-    print((out / "results.md").read_text())
+    results = summarise(base.grouped(trained, SETTINGS, METHODS), args.window, base.budgets(trained))
+    wall = trained.wall_s
+    payload = {
+        "warm_start": trained.warm_start,
+        "target": base.TARGET,
+        "window": args.window,
+        "settings": results,
+        "wall_time_s": wall,
+    }
+    from algorithms.common.provenance import command_line
+
+    base.write_outputs(
+        out, command_line("python benchmarks/branch_credit.py", argv), trained, payload, table(results, args.window, wall),
+        lambda path: plot(results, path),
+    )  # fmt: skip
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'curves.png'}, {out / 'run.json'}")
     return payload
 

@@ -53,7 +53,6 @@ and warm-started model (benchmarks/llm_learning.py's rule). Outputs in OUT (atom
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -64,8 +63,19 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from algorithms.common import cli  # noqa: E402
-from algorithms.common.errors import VcbmGymError  # noqa: E402
-from algorithms.experiment.llm_study import START_S, Job, makespan, mean_ci, run_reusing  # noqa: E402
+from algorithms.experiment.llm_study import (  # noqa: E402
+    START_S,
+    Job,
+    add_run_arguments,
+    check_choices,
+    check_counts,
+    estimate_total,
+    grouped,
+    mean_ci,
+    train_argv,
+    train_reusing,
+    write_outputs,
+)
 
 ENV_ID = "TextThinkSolve-v0"
 METHODS = ("grpo", "ccpo", "sepo", "shapley")
@@ -87,26 +97,7 @@ FINALS = {"final_success": "task_goal_completion", "final_help": "thinker_help"}
 
 def run_argv(method: str, seed: int, iterations: int, log_dir: Path, extra: Sequence[str]) -> list[str]:
     """The `algorithms.train` command line of one run."""
-    return [
-        "--algo",
-        "ccpo",
-        "--credit",
-        method,
-        "--env",
-        ENV_ID,
-        "--seed",
-        str(seed),
-        "--model",
-        "tiny",
-        "--iterations",
-        str(iterations),
-        "--no-progress",
-        "--log-dir",
-        str(log_dir),
-        "--hyperparams",
-        *HYPERPARAMS,
-        *extra,
-    ]
+    return train_argv(["--algo", "ccpo", "--credit", method], ENV_ID, seed, iterations, log_dir, [*HYPERPARAMS, *extra])
 
 
 def plan(methods: Sequence[str], seeds: int, iterations: int) -> list[tuple[str, int, int, float]]:
@@ -123,10 +114,7 @@ def estimate_text(rows: list, workers: int) -> str:
             f"{method}: {len(mine)} runs x ({START_S:.0f} s + {mine[0][2]} iterations x {SECONDS_PER_ITERATION[method]} s) "
             f"= {sum(r[3] for r in mine) / 60:.1f} run-minutes"
         )
-    total = sum(r[3] for r in rows)
-    lines.append(
-        f"total {total / 60:.1f} run-minutes on {workers} workers: about {makespan([r[3] for r in rows], workers) / 60:.0f} min"
-    )
+    lines.append(estimate_total([r[3] for r in rows], workers))
     return "\n".join(lines)
 
 
@@ -251,22 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), help=f"some of: {', '.join(METHODS)}")
     parser.add_argument("--seeds", type=int, default=SEEDS)
     parser.add_argument("--iterations", type=int, default=ITERATIONS)
-    parser.add_argument("--hyperparams", nargs="*", default=[], metavar="KEY=VALUE", help="more train overrides, every run")
-    parser.add_argument("--window", type=int, default=20, help="iterations averaged for the finals")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", default="runs/ccpo_learning")
-    parser.add_argument("--estimate", action="store_true", help="print the runs' time budget and exit")
+    add_run_arguments(parser, "runs/ccpo_learning", 20, "iterations averaged for the finals", hyperparams=True)
     return parser
 
 
 def check_args(args: argparse.Namespace) -> None:
-    for method in args.methods:
-        if method not in METHODS:
-            raise VcbmGymError(f"--methods {method!r}: expected some of {', '.join(METHODS)}")
-    cli.check_int(args.workers, "--workers", 1)
-    cli.check_int(args.window, "--window", 1)
-    cli.check_int(args.seeds, "--seeds", 1)
-    cli.check_int(args.iterations, "--iterations", args.window)
+    check_choices("--methods", args.methods, METHODS)
+    check_counts(args)
     from algorithms.train import resolve_argv
 
     for method in args.methods:  # one dry resolve per method: a bad override fails here, not in a worker
@@ -282,61 +261,38 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
     if args.estimate:
         return {}
     out = cli.output_dir(args.out, "--out")
-    start = time.perf_counter()
-    from algorithms.common.provenance import command_line, environment_record
-    from algorithms.llm.model.warm_start import cached_warm_start
 
-    record = environment_record()
-    warm_start = cached_warm_start().name
-    jobs = [
-        Job(
-            "tts",
-            m,
-            s,
-            tuple(run_argv(m, s, n, out / m / f"seed{s}", args.hyperparams)),
-            str(out / m / f"seed{s}"),
-            warm_start,
-            c,
-        )
-        for m, s, n, c in rows
-    ]
+    def jobs_of(warm_start: str) -> list[Job]:
+        jobs = []
+        for method, seed, budget, cost in rows:
+            log_dir = out / method / f"seed{seed}"
+            argv = tuple(run_argv(method, seed, budget, log_dir, args.hyperparams))
+            jobs.append(Job("tts", method, seed, argv, str(log_dir), warm_start, cost))
+        return jobs
 
     def final_success(history: list[dict]) -> str:
         return f"final success {np.mean([h['task_goal_completion'] for h in history[-args.window :]]):.2f}"
 
-    histories, reused = run_reusing(jobs, args.workers, start, final_success)
-    wall = time.perf_counter() - start
-    by_method: dict[str, list] = {}
-    for job in sorted(jobs, key=lambda j: (METHODS.index(j.method), j.seed)):
-        by_method.setdefault(job.method, []).append(histories[job])
-    results = summarise(by_method, args.window)
+    trained = train_reusing(jobs_of, args.workers, final_success)
+    results = summarise(grouped(trained, ["tts"], METHODS)["tts"], args.window)
     payload = {
         "env": ENV_ID,
-        "warm_start": warm_start,
+        "warm_start": trained.warm_start,
         "iterations": args.iterations,
         "seeds": args.seeds,
         "window": args.window,
         "hyperparameters": list(HYPERPARAMS),
         "extra_hyperparams": list(args.hyperparams),
         **results,
-        "wall_time_s": wall,
+        "wall_time_s": trained.wall_s,
     }
-    cli.atomic_write_json(out / "results.json", payload)
-    cli.atomic_write_json(
-        out / "run.json",
-        {
-            "command": command_line("python benchmarks/ccpo_learning.py", argv),
-            "wall_time_s": wall,
-            "warm_start": warm_start,
-            "runs": len(jobs),
-            "runs_reused": reused,
-            "extra_hyperparams": list(args.hyperparams),
-            **record,
-        },
-    )
-    cli.atomic_write_text(out / "results.md", table(results, args.window, args.iterations, wall))
-    plot(results, out / "curves.png")
-    print((out / "results.md").read_text())
+    from algorithms.common.provenance import command_line
+
+    write_outputs(
+        out, command_line("python benchmarks/ccpo_learning.py", argv), trained, payload,
+        table(results, args.window, args.iterations, trained.wall_s), lambda path: plot(results, path),
+        extra_hyperparams=list(args.hyperparams),
+    )  # fmt: skip
     return payload
 
 

@@ -46,10 +46,11 @@ import vcbm_gym  # noqa: F401  (registers WatchRepair-v0)
 from algorithms.common import provenance
 from algorithms.common.cli import ArgumentParser, atomic_write_json, check_int, check_output_dir, main, output_dir
 from algorithms.common.errors import VcbmGymError
+from algorithms.credit_reference.cli import rule_list
 from algorithms.credit_reference.replay import BATCH_PROVIDES, RULE_KWARGS, episode_batch
 from algorithms.credit_reference.scoring import leakage_sums
 from vcbm_gym.credit.base import EpisodeBatch, unmet_needs
-from vcbm_gym.credit.registry import HOW_TO_REGISTER, RuleLookupError, is_rule, make_rule, rule_names
+from vcbm_gym.credit.registry import RuleLookupError, make_rule
 
 DEFAULT_RULES = ("broadcast", "loo", "grpo", "ircr", "rudder", "rrd", "vcbm_bookmark")
 # RULE_KWARGS (baselines that need no critic), BATCH_PROVIDES and `episode_batch` are shared with the replay
@@ -143,14 +144,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.env_kwargs = None
     if not isinstance(args.env_kwargs, dict):
         raise VcbmGymError(f"--env-kwargs {argv[argv.index('--env-kwargs') + 1]!r}: expected a YAML mapping")
-    rules = [name.strip() for name in args.rules.split(",") if name.strip()]
-    unknown = [name for name in rules if not is_rule(name)]
-    if not rules or unknown:
-        raise VcbmGymError(
-            f"--rules {args.rules!r}: unknown {unknown or 'empty'}; expected names from: {', '.join(rule_names())} "
-            f"({HOW_TO_REGISTER})"
-        )
-    args.rules = rules
+    args.rules = rule_list(args.rules)
     check_int(args.seeds, "--seeds", 2, 1000)
     check_int(args.batch_episodes, "--batch-episodes", 1)
     check_int(args.episodes, "--episodes", 2 * args.batch_episodes)

@@ -104,10 +104,9 @@ Outputs in OUT (each written atomically):
 import argparse
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -120,17 +119,29 @@ from algorithms.experiment.llm_study import (  # noqa: E402
     START_S,
     TARGET,
     Job,
+    Trained,
+    add_run_arguments,
+    check_choices,
+    check_counts,
+    estimate_total,
     final_rate,
     finished_history,
+    grouped,
     iterations_to_target,
     makespan,
     mean_ci,
+    method_rows,
     run_reusing,
+    setting_hyperparams,
+    train_argv,
     train_one,
+    train_reusing,
+    write_outputs,
 )
 
-__all__ = ["START_S", "TARGET", "Job", "final_rate", "finished_history", "iterations_to_target", "makespan", "mean_ci",
-           "run_reusing", "train_one"]  # fmt: skip  # the shared harness, as branch_credit reads it from here
+__all__ = ["START_S", "TARGET", "Job", "check_choices", "check_counts", "estimate_total", "final_rate", "finished_history",
+           "grouped", "iterations_to_target", "makespan", "mean_ci", "run_reusing", "train_one", "train_reusing",
+           "write_outputs"]  # fmt: skip  # the shared harness, as branch_credit reads it from here
 
 
 @dataclass(frozen=True)
@@ -152,15 +163,7 @@ class Setting:
         return self.ablation_seeds if method in ABLATIONS and self.ablation_seeds is not None else self.seeds
 
     def hyperparams(self) -> list[str]:
-        key = "max_turns" if self.env_id == "TextWatchRepair-v0" else "n_stations"
-        return [
-            f"env_kwargs={{{key}: {self.turns}, noise_scale: {self.noise_scale}}}",
-            f"max_turns={self.turns}",
-            f"generation_batch_size={self.rollouts}",
-            f"num_generations={self.group}",
-            f"num_iterations={self.epochs}",
-            f"learning_rate={self.learning_rate}",
-        ]
+        return setting_hyperparams(self)
 
 
 RATES = ("task_goal_completion", "invalid_turn_rate")
@@ -205,23 +208,8 @@ def method_argv(method: str, env_id: str, turns: int) -> list[str]:
 
 def run_argv(setting: Setting, method: str, seed: int, iterations: int, log_dir: Path, extra: Sequence[str]) -> list[str]:
     """The `algorithms.train` command line of one run."""
-    return [
-        *method_argv(method, setting.env_id, setting.turns),
-        "--env",
-        setting.env_id,
-        "--seed",
-        str(seed),
-        "--model",
-        "tiny",
-        "--iterations",
-        str(iterations),
-        "--no-progress",
-        "--log-dir",
-        str(log_dir),
-        "--hyperparams",
-        *setting.hyperparams(),
-        *extra,
-    ]
+    algo = method_argv(method, setting.env_id, setting.turns)
+    return train_argv(algo, setting.env_id, seed, iterations, log_dir, [*setting.hyperparams(), *extra])
 
 
 def comparisons(methods: dict[str, dict]) -> dict[str, dict]:
@@ -293,18 +281,7 @@ def _p(test: dict) -> str:
 def table(results: dict, window: int, wall_s: float | None = None) -> str:
     """The markdown tables of results.json's settings (make_results.py renders RESULTS.md with it). Settings
     written before the comparisons existed (one Mann-Whitney of vcbm-loop against loop) render as they did."""
-    lines = [
-        "| setting | noise | method | seeds at 90% | iterations to 90% (per seed, * censored) | final optimal rate "
-        f"(mean of last {window}) | s / iteration |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, r in results.items():
-        for method, m in r["methods"].items():
-            per_seed = ", ".join(f"{n}{'' if ok else '*'}" for n, ok in zip(m["iterations_to_90"], m["reached_90"]))
-            lines.append(
-                f"| {name} | {r['noise_scale']} | {method} | {sum(m['reached_90'])}/{m['seeds']} | {per_seed} | "
-                f"{np.mean(m['final_optimal_rate']):.3f} | {m['seconds_per_iteration']:.2f} |"
-            )
+    lines = method_rows(results, window, noise=True)
     lines.append("")
     compared = {name: r for name, r in results.items() if "comparisons" in r}
     for name, r in results.items():
@@ -337,6 +314,11 @@ def table(results: dict, window: int, wall_s: float | None = None) -> str:
                     f"{final['mann_whitney']['U']:g}, {_p(final['mann_whitney'])} |"
                 )
         lines.append("")
+    return markdown(lines, wall_s)
+
+
+def markdown(lines: list[str], wall_s: float | None) -> str:
+    """A results.md: the lines, then the invocation's wall time when given."""
     if wall_s is not None:
         lines.append(f"- wall time {wall_s / 60:.1f} min")
     return "\n".join(lines) + "\n"
@@ -374,17 +356,27 @@ def plot(results: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def plan(settings: Sequence[str], seeds: int | None, iterations: int | None, methods: Sequence[str] | None):
-    """(setting, method, seed, budget, cost_s) of every run selected, longest first."""
+def plan(
+    settings: Sequence[str],
+    seeds: int | None,
+    iterations: int | None,
+    methods: Sequence[str] | None,
+    by_name: dict[str, Setting] | None = None,
+    rate: Callable[[Setting, str], float] | None = None,
+):
+    """(setting, method, seed, budget, cost_s) of every run selected, longest first: settings of `by_name` (SETTINGS),
+    seconds per iteration `rate(setting, method)` (the setting's)."""
+    by_name = SETTINGS if by_name is None else by_name
     rows = []
     for name in settings:
-        setting = SETTINGS[name]
+        setting = by_name[name]
         budget = iterations or setting.iterations
         for method in setting.methods:
             if methods and method not in methods:
                 continue
+            per_iteration = setting.seconds_per_iteration if rate is None else rate(setting, method)
             for seed in range(seeds or setting.seeds_of(method)):
-                rows.append((name, method, seed, budget, START_S + budget * setting.seconds_per_iteration))
+                rows.append((name, method, seed, budget, START_S + budget * per_iteration))
     return sorted(rows, key=lambda row: -row[4])
 
 
@@ -398,62 +390,60 @@ def estimate_text(rows: list, workers: int) -> str:
             f"{sum(r[4] for r in mine) / 60:.1f} run-minutes ({s.rollouts} rollouts/iteration: "
             f"{mine[0][3] * s.rollouts} episodes per run)"
         )
-    total = sum(row[4] for row in rows)
-    lines.append(
-        f"total {total / 60:.1f} run-minutes on {workers} workers: about {makespan([r[4] for r in rows], workers) / 60:.0f} min"
-    )
+    lines.append(estimate_total([row[4] for row in rows], workers))
     return "\n".join(lines)
 
 
 DEFAULT_BUDGET_NOTE = estimate_text(plan(DEFAULT_SETTINGS, None, None, None), 2)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = cli.ArgumentParser(prog="python benchmarks/llm_learning.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS), help=f"of: {', '.join(SETTINGS)}")
-    parser.add_argument("--methods", nargs="+", default=None, help=f"a subset of: {', '.join(METHODS)}")
+def build_parser(
+    prog: str = "python benchmarks/llm_learning.py",
+    description: str = __doc__.splitlines()[0],
+    settings: Sequence[str] = SETTINGS,
+    default_settings: Sequence[str] = DEFAULT_SETTINGS,
+    methods: Sequence[str] = METHODS,
+    out: str = "runs/llm_learning",
+    hyperparams: bool = True,
+) -> argparse.ArgumentParser:
+    """This benchmark's options; branch_credit.py takes the same over its own settings and methods."""
+    parser = cli.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--settings", nargs="+", default=list(default_settings), help=f"of: {', '.join(settings)}")
+    parser.add_argument("--methods", nargs="+", default=None, help=f"a subset of: {', '.join(methods)}")
     parser.add_argument("--seeds", type=int, default=None, help="seeds per method (default: each setting's)")
     parser.add_argument("--iterations", type=int, default=None, help="every setting's budget (default: each setting's)")
-    parser.add_argument("--hyperparams", nargs="*", default=[], metavar="KEY=VALUE", help="more train overrides, every run")
-    parser.add_argument("--window", type=int, default=5, help="iterations averaged for the 90%% criterion")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", default="runs/llm_learning")
-    parser.add_argument("--estimate", action="store_true", help="print the runs' time budget and exit")
+    add_run_arguments(parser, out, 5, "iterations averaged for the 90%% criterion", hyperparams)
     return parser
 
 
 def check_args(args: argparse.Namespace) -> None:
     """Every argument checked before anything is written."""
-    for name in args.settings:
-        if name not in SETTINGS:
-            raise VcbmGymError(f"--settings {name!r}: expected some of {', '.join(SETTINGS)}")
-    for method in args.methods or ():
-        if method not in METHODS:
-            raise VcbmGymError(f"--methods {method!r}: expected some of {', '.join(METHODS)}")
-    cli.check_int(args.workers, "--workers", 1)
-    cli.check_int(args.window, "--window", 1)
-    if args.seeds is not None:
-        cli.check_int(args.seeds, "--seeds", 1)
-    if args.iterations is not None:
-        cli.check_int(args.iterations, "--iterations", args.window)
+    check_choices("--settings", args.settings, list(SETTINGS))
+    check_choices("--methods", args.methods or (), METHODS)
+    check_counts(args)
     for name in args.settings:
         if not any(not args.methods or m in args.methods for m in SETTINGS[name].methods):
             raise VcbmGymError(f"--methods {' '.join(args.methods)}: none of them runs in setting {name!r}")
     from algorithms.common.config import parse_overrides
-    from algorithms.train import resolve_argv
 
     try:
         parse_overrides(args.hyperparams)
     except Exception as exc:  # the parser's own error names the bad item
         raise VcbmGymError(f"--hyperparams: {exc}") from None
-    for name in args.settings:  # one dry resolve per setting and method: a bad override fails here, not in a worker
-        setting = SETTINGS[name]
+    resolve_selected(args, SETTINGS, run_argv, args.hyperparams)
+    cli.check_output_dir(args.out, "--out")
+
+
+def resolve_selected(args: argparse.Namespace, by_name: dict[str, Setting], argv_of, extra: Sequence[str]) -> None:
+    """One dry resolve per setting of `by_name` and method selected (`argv_of`: run_argv's signature): a bad override
+    fails here, not in a worker."""
+    from algorithms.train import resolve_argv
+
+    for name in args.settings:
+        setting = by_name[name]
         for method in setting.methods:
             if not args.methods or method in args.methods:
-                resolve_argv(
-                    run_argv(setting, method, 0, args.iterations or setting.iterations, Path("unused"), args.hyperparams)
-                )
-    cli.check_output_dir(args.out, "--out")
+                resolve_argv(argv_of(setting, method, 0, args.iterations or setting.iterations, Path("unused"), extra))
 
 
 def run(argv: Sequence[str]) -> dict[str, Any]:
@@ -464,61 +454,45 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
     if args.estimate:
         return {}
     out = cli.output_dir(args.out, "--out")
-    start = time.perf_counter()
-    from algorithms.common.provenance import command_line, environment_record
-
-    record = environment_record()  # the commit the runs ran on, read before they start
-
-    from algorithms.llm.model.warm_start import cached_warm_start
-
-    warm_start = cached_warm_start().name  # built once, before the workers need it; its name is its key
-    jobs = [
-        Job(
-            name,
-            method,
-            seed,
-            tuple(run_argv(SETTINGS[name], method, seed, budget, out / name / method / f"seed{seed}", args.hyperparams)),
-            str(out / name / method / f"seed{seed}"),
-            warm_start,
-            cost,
-        )
-        for name, method, seed, budget, cost in rows
-    ]
-    histories, reused = run_reusing(jobs, args.workers, start, final_rate)
-    wall = time.perf_counter() - start
-
-    by_setting: dict[str, dict[str, list]] = {}
-    for job in sorted(jobs, key=lambda j: (list(SETTINGS).index(j.setting), METHODS.index(j.method), j.seed)):
-        by_setting.setdefault(job.setting, {}).setdefault(job.method, []).append(histories[job])
-    budgets = {job.setting: len(histories[job]) for job in jobs}
-    results = summarise(by_setting, args.window, budgets)
+    trained = train_reusing(lambda warm_start: jobs_of(rows, out, warm_start, args.hyperparams), args.workers, final_rate)
+    results = summarise(grouped(trained, SETTINGS, METHODS), args.window, budgets(trained))
     payload = {
-        "warm_start": warm_start,
+        "warm_start": trained.warm_start,
         "target": TARGET,
         "window": args.window,
         "seeds": args.seeds or ", ".join(f"{SETTINGS[name].seeds} ({name})" for name in args.settings),
         "extra_hyperparams": list(args.hyperparams),
         "settings": results,
-        "wall_time_s": wall,  # of this invocation: the runs it reused are not counted (run.json says how many)
+        "wall_time_s": trained.wall_s,  # of this invocation: the runs it reused are not counted (run.json says how many)
     }
-    cli.atomic_write_json(out / "results.json", payload)
-    cli.atomic_write_json(
-        out / "run.json",
-        {
-            "command": command_line("python benchmarks/llm_learning.py", argv),
-            "wall_time_s": wall,
-            "warm_start": warm_start,
-            "runs": len(jobs),
-            "runs_reused": reused,
-            "extra_hyperparams": list(args.hyperparams),
-            **record,
-        },
-    )
-    cli.atomic_write_text(out / "results.md", table(results, args.window, wall))
-    plot(results, out / "curves.png")
-    print((out / "results.md").read_text())
+    from algorithms.common.provenance import command_line
+
+    write_outputs(
+        out, command_line("python benchmarks/llm_learning.py", argv), trained, payload,
+        table(results, args.window, trained.wall_s), lambda path: plot(results, path),
+        extra_hyperparams=list(args.hyperparams),
+    )  # fmt: skip
     print(f"wrote {out / 'results.json'}, {out / 'results.md'}, {out / 'curves.png'}, {out / 'run.json'}")
     return payload
+
+
+def jobs_of(
+    rows: list, out: Path, warm_start: str, extra: Sequence[str], by_name: dict[str, Setting] | None = None, argv_of=run_argv
+) -> list[Job]:
+    """One job per `plan` row of settings `by_name` (SETTINGS), logging to OUT/<setting>/<method>/seed<k>, its command
+    line `argv_of` (run_argv's signature)."""
+    by_name = SETTINGS if by_name is None else by_name
+    jobs = []
+    for name, method, seed, budget, cost in rows:
+        log_dir = out / name / method / f"seed{seed}"
+        argv = tuple(argv_of(by_name[name], method, seed, budget, log_dir, extra))
+        jobs.append(Job(name, method, seed, argv, str(log_dir), warm_start, cost))
+    return jobs
+
+
+def budgets(trained: Trained) -> dict[str, int]:
+    """Each setting's budget: the iterations its runs made."""
+    return {job.setting: len(trained.histories[job]) for job in trained.jobs}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,14 +21,17 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from algorithms.common import cli  # noqa: E402
-from algorithms.common.provenance import check_report_files, environment_record, write_report  # noqa: E402
+from algorithms.common.provenance import (  # noqa: E402
+    add_report_arguments,
+    check_report_files,
+    measured_report,
+)
 from benchmarks.llm_learning import SETTINGS  # noqa: E402
 
 PATHS = ("trl_pass", "first_epoch")
@@ -130,8 +133,7 @@ def run(argv: list[str]) -> list[dict]:
     parser.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(DEFAULT_SETTINGS))
     parser.add_argument("--iterations", type=int, default=10, help="timed iterations per path and setting")
     parser.add_argument("--model", choices=("tiny", "tiny-random"), default="tiny")
-    parser.add_argument("--json", help="also write the measured rows here")
-    parser.add_argument("--markdown", help="also write the printed report here")
+    add_report_arguments(parser)
     args = parser.parse_args(argv)
     cli.check_int(args.iterations, "--iterations", 1)
     check_report_files(args.json, args.markdown)
@@ -140,15 +142,10 @@ def run(argv: list[str]) -> list[dict]:
     import torch
 
     torch.set_num_threads(1)
-    start = time.perf_counter()
-    record = environment_record()  # before the runs: the commit they measure
-    rows = [measure(name, args.model, args.iterations) for name in args.settings]
-    lines = report(rows, time.perf_counter() - start)
-    print("\n".join(lines))
-    write_report(
-        "Old-policy log-probs", "python benchmarks/llm_old_logps.py", argv, record, rows, lines, args.json, args.markdown
-    )
-    return rows
+    return measured_report(
+        "Old-policy log-probs", "python benchmarks/llm_old_logps.py", argv,
+        lambda: [measure(name, args.model, args.iterations) for name in args.settings], report, args.json, args.markdown,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

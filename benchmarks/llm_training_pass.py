@@ -34,8 +34,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from algorithms.common import cli  # noqa: E402
-from algorithms.common.errors import VcbmGymError  # noqa: E402
-from algorithms.common.provenance import check_report_files, environment_record, write_report  # noqa: E402
+from algorithms.common.provenance import (  # noqa: E402
+    add_report_arguments,
+    check_report_files,
+    measured_report,
+)
 
 ENV_ID = "TextWatchRepair-v0"
 TURNS = 2
@@ -163,12 +166,9 @@ def run(argv: list[str]) -> list[dict]:
     parser.add_argument("--sizes", type=int, nargs="+", default=[48, 96, 192], help="rollouts per iteration")
     parser.add_argument("--repeats", type=int, default=5, help="timed passes per path and size")
     parser.add_argument("--model", choices=("tiny", "tiny-random"), default="tiny")
-    parser.add_argument("--json", help="also write the measured rows here")
-    parser.add_argument("--markdown", help="also write the printed report here")
+    add_report_arguments(parser)
     args = parser.parse_args(argv)
-    bad = [n for n in args.sizes if n < K or n % K]
-    if bad:
-        raise VcbmGymError(f"--sizes {' '.join(map(str, bad))}: expected multiples of {K} (rollouts per task)")
+    cli.check_multiples(args.sizes, "--sizes", K, "rollouts per task")
     cli.check_int(args.repeats, "--repeats", 1)
     check_report_files(args.json, args.markdown)
 
@@ -176,15 +176,10 @@ def run(argv: list[str]) -> list[dict]:
     import torch
 
     torch.set_num_threads(1)
-    start = time.perf_counter()
-    record = environment_record()  # before the runs: the commit they measure
-    rows = [measure(args.model, n, args.repeats) for n in args.sizes]
-    lines = report(rows, time.perf_counter() - start)
-    print("\n".join(lines))
-    write_report(
-        "LLM training pass", "python benchmarks/llm_training_pass.py", argv, record, rows, lines, args.json, args.markdown
-    )
-    return rows
+    return measured_report(
+        "LLM training pass", "python benchmarks/llm_training_pass.py", argv,
+        lambda: [measure(args.model, n, args.repeats) for n in args.sizes], report, args.json, args.markdown,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

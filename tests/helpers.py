@@ -1,15 +1,19 @@
 """Helpers shared by the tests: commands started in a session of their own and the process tree read from /proc,
-one-line errors, strict JSON, a tiny-LLM command line and an EpisodeBatch with every step trained."""
+one-line errors, strict JSON, tiny-LLM command lines, an env whose first action decides the return and an EpisodeBatch
+with every step trained."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -99,6 +103,50 @@ def tiny_llm_argv(
     argv = ["--algo", algo, "--env", env, "--model", model, "--no-progress", "--iterations", str(iterations)]
     argv += [*extra, "--log-dir", str(log_dir)]
     return argv + ["--hyperparams", *hyperparams] if hyperparams else argv
+
+
+def load_file(path: str, name: str) -> types.ModuleType:
+    """The module of the file REPO/path, imported under `name` (benchmarks and examples are files, not packages)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def two_process_train_argv(iterations: int, *hyperparams: str) -> list[str]:
+    """`algorithms.train` arguments of the multi-process tests' run: vcbm-loop on TextWatchRepair (seed 3, 3 turns),
+    checkpointed every iteration, without a progress bar; `hyperparams` go before the turns' (model and log dir are the
+    caller's)."""
+    return [
+        "--algo", "vcbm-loop", "--env", "TextWatchRepair-v0", "--seed", "3", "--iterations", str(iterations),
+        "--checkpoint-every", "1", "--no-progress", "--hyperparams", *hyperparams, "env_kwargs={max_turns: 3}", "max_turns=3",
+    ]  # fmt: skip
+
+
+class DecideFirst(gym.Env):
+    """The first action decides the return, paid at the last of HORIZON steps (`payoff`: 1 for action 1, 0 for action
+    0, plus noise); later actions do nothing. State [decided value (0 before, 1 + action after), clock]."""
+
+    HORIZON = 4
+    observation_space = gym.spaces.MultiDiscrete([3, HORIZON + 1])
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.decided = 0, 0
+        return np.array([0, 0]), {}
+
+    def payoff(self) -> float:
+        return float(self.decided - 1) + 0.3 * float(self.np_random.normal())
+
+    def step(self, action):
+        if self.t == 0:
+            self.decided = 1 + int(action)
+        self.t += 1
+        done = self.t >= self.HORIZON
+        reward = self.payoff() if done else 0.0
+        info = {"first_decision_optimal": self.decided == 2} if done else {}
+        return np.array([self.decided, self.t]), reward, done, False, info
 
 
 def make_batch(rewards, mask=None, **fields):

@@ -22,7 +22,7 @@ from vcbm_gym.credit.ccpo import (
     sepo_scores,
     shapley_credit,
 )
-from vcbm_gym.credit.registry import RULES
+from vcbm_gym.credit.registry import RULES, rule_class
 
 # --- CCPO --------------------------------------------------------------------------------------------------
 
@@ -239,5 +239,7 @@ def test_bad_input_is_one_line_naming_it(call, needle):
     assert "\n" not in message and needle in message, message
 
 
-def test_not_a_registered_rule_until_an_arm_plays_two_roles():
-    assert not any("ccpo" in target for target in RULES.values())
+@pytest.mark.parametrize("name", ["ccpo", "sepo", "shapley"])
+def test_the_two_role_rules_are_rules_of_the_registry_built_on_these_functions(name):
+    assert RULES[name].startswith("vcbm_gym.credit.ccpo:")
+    assert issubclass(rule_class(name), ccpo.RoleCreditRule) and rule_class(name).name == name

@@ -6,32 +6,28 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.helpers import load_file
 from vcbm_gym.credit import RuleCheckError, check_rule
-from vcbm_gym.credit.base import REWARDS, CreditRule, EpisodeBatch, RewardRule
+from vcbm_gym.credit.base import REWARDS, EpisodeBatch, RewardRule
+from vcbm_gym.credit.ccpo import CREDIT_SPLITS, ROLES
 from vcbm_gym.credit.registry import RULES, rule_class
 
+# the plugin example's rules, loaded from their file under a name of their own (tests/test_rule_plugins.py installs
+# the package itself and checks that nothing else imports it by name)
+example_rules = load_file("examples/credit_rule_plugin/vcbm_credit_example/rules.py", "credit_rule_example_rules")
 
-class _Sound(CreditRule):
-    """G - running mean on every trained step: a rule that keeps every promise (the broken ones below change one thing)."""
+
+class _Sound(example_rules.DecayedReturnRule):
+    """G - running mean on every trained step (the example's running mean, its observe and state, without its decay):
+    a rule that keeps every promise (the broken ones below change one thing)."""
 
     name = "sound"
 
     def __init__(self) -> None:
-        self.count, self.mean = 0, 0.0
+        super().__init__(decay=1.0)
 
     def advantages(self, batch: EpisodeBatch) -> np.ndarray:
         return batch.broadcast(batch.returns - (self.mean if self.count else 0.0))
-
-    def observe(self, batch: EpisodeBatch) -> None:
-        for g in batch.returns:
-            self.count += 1
-            self.mean += (float(g) - self.mean) / self.count
-
-    def state_dict(self) -> dict:
-        return {"count": self.count, "mean": self.mean}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.count, self.mean = int(state["count"]), float(state["mean"])
 
 
 class _NaN(_Sound):
@@ -100,9 +96,27 @@ class _SpreadReward(RewardRule):
         return batch.broadcast(batch.returns / np.maximum(batch.mask.sum(axis=1), 1))
 
 
+def _outcomes(batch, rng):
+    return rng.choice([-1.0, 1.0], size=batch.batch_size)
+
+
+def _splits(batch, rng):
+    return [CREDIT_SPLITS[i] for i in rng.integers(len(CREDIT_SPLITS), size=batch.batch_size)]
+
+
+# the two-role rules' rows, as the two-role LLM arm fills them (vcbm_gym/credit/ccpo.py, RoleCreditRule)
+TWO_ROLE_EXTRAS = {
+    "role": lambda batch, rng: [str(role) for role in rng.choice(ROLES, size=batch.batch_size)],
+    "r_joint": _outcomes,
+    "r_solo": _outcomes,
+    "thinker_split": _splits,
+    "solver_split": _splits,
+}
+
+
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_every_built_in_rule_keeps_the_credit_rule_promises(name):
-    check_rule(rule_class(name))
+    check_rule(rule_class(name), make_extras=TWO_ROLE_EXTRAS)
 
 
 @pytest.mark.parametrize(

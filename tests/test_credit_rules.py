@@ -14,6 +14,7 @@ from hypothesis.extra import numpy as hnp
 from tests.helpers import make_batch
 from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.broadcast import BroadcastRule
+from vcbm_gym.credit.ccpo import CREDIT_SPLITS, ROLES
 from vcbm_gym.credit.grpo import GroupMeanRule, group_relative_advantages
 from vcbm_gym.credit.registry import RULES, make_rule
 from vcbm_gym.credit.vcbm_bookmark import VCBMBookmarkRule, bookmark_weights
@@ -42,6 +43,9 @@ RULE_KWARGS = {
     "rrd": {"min_buffer_episodes": 1, "train_steps": 2, "episodes_per_step": 4, "subsequence_size": 3},
     "vineppo": {},
     "rice": {},
+    "ccpo": {},
+    "sepo": {},
+    "shapley": {},
 }
 WORDS = ["repair", "skip", "wait", "corvina", "bumps", "sold"]
 
@@ -51,8 +55,8 @@ def batches(draw, n_components: int = 3, max_value: int = 2, prefix: bool = Fals
     """Random batches; `prefix`: every episode is a non-empty prefix of its row (SB3, rudder).
 
     Every step is its own turn; the batch also holds the turn-level inputs of the LLM rules
-    (state_mutating flags, turn and final texts, GiGPO anchors, the branch rules' continuations) and CASI's
-    coalition tables.
+    (state_mutating flags, turn and final texts, GiGPO anchors, the branch rules' continuations), CASI's
+    coalition tables and the two-role rules' rows (each row's role, joint and solo outcomes, credit splits).
     """
     b = draw(st.integers(1, 6))
     t = draw(st.integers(1, 7))
@@ -74,6 +78,13 @@ def batches(draw, n_components: int = 3, max_value: int = 2, prefix: bool = Fals
         {j: (draw(hnp.arrays(np.float64, (3,), elements=outcomes)), draw(hnp.arrays(np.bool_, (3,)))) for j in range(t)}
         for _ in range(b)
     ]
+    outcome = st.sampled_from([-1.0, 1.0])
+    split = st.sampled_from(CREDIT_SPLITS)
+    roles = {
+        "role": draw(st.lists(st.sampled_from(ROLES), min_size=b, max_size=b)),
+        **{key: draw(st.lists(outcome, min_size=b, max_size=b)) for key in ("r_joint", "r_solo")},
+        **{key: draw(st.lists(split, min_size=b, max_size=b)) for key in ("thinker_split", "solver_split")},
+    }
     return EpisodeBatch(
         np.where(mask, rewards, 0.0),
         mask,
@@ -87,6 +98,7 @@ def batches(draw, n_components: int = 3, max_value: int = 2, prefix: bool = Fals
             "anchor_keys": [[str(o) for o in obs[i, :, 0]] for i in range(b)],
             "coalition_values": tables,
             "branches": branches,
+            **roles,
         },
     )
 

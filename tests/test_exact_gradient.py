@@ -4,9 +4,7 @@ autograd and finite differences of J, and each estimator's mean against the exac
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +13,7 @@ import torch
 from algorithms.common.errors import VcbmGymError
 from envs.credit_tree import CreditTreeEnv
 from envs.key_to_door import LinearKeyToDoorEnv
+from tests.helpers import load_file
 from vcbm_gym.exact_gradient import (
     TabularMDP,
     credit_tree_mdp,
@@ -242,11 +241,7 @@ def test_the_critic_estimators_expectation_for_a_learned_q(mdp):
 
 
 def _benchmark():
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "exact_gradient.py"
-    spec = importlib.util.spec_from_file_location("exact_gradient_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("benchmarks/exact_gradient.py", "exact_gradient_benchmark")
 
 
 def test_the_benchmark_at_a_tiny_budget(tmp_path):

@@ -13,7 +13,6 @@ from algorithms.common.errors import VcbmGymError
 from algorithms.experiment import engine, specs, verdict
 from algorithms.experiment.measures import MEASURES
 from algorithms.llm.training.loss import OBJECTIVES
-from vcbm_gym.credit.ccpo import TWO_ROLE_CREDITS
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES
 from vcbm_gym.credit.registry import RULES
 
@@ -41,7 +40,7 @@ def test_every_spec_loads_and_every_published_output_belongs_to_one():
 
 def test_every_rule_objective_and_ratio_sharing_of_the_registry_has_a_claim_row():
     names = {name for claim in specs.load_claims().values() for name in claim["names"]}
-    shipped = set(RULES) | set(OBJECTIVES) | {"effect"} | (set(TWO_ROLE_CREDITS) - {"grpo"})
+    shipped = set(RULES) | set(OBJECTIVES) | {"effect"}
     assert shipped - names == set()
     assert set(RATIO_SHARING_MODES) - {"none", "random"} == {"effect"}  # random is EMPO's own ablation
 

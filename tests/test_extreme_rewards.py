@@ -6,31 +6,21 @@ from __future__ import annotations
 import warnings
 
 import gymnasium as gym
-import numpy as np
 import pytest
 
 from algorithms.common.errors import VcbmGymError
 from algorithms.train import run as train
+from tests.helpers import DecideFirst
 
 
-class DecideHuge(gym.Env):
+class DecideHuge(DecideFirst):
     """A 5-step episode whose first action decides a return of +-1e308 (finite), paid at the last step."""
 
-    observation_space = gym.spaces.MultiDiscrete([2, 6])
-    action_space = gym.spaces.Discrete(2)
+    HORIZON = 5
+    observation_space = gym.spaces.MultiDiscrete([3, HORIZON + 1])
 
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t, self.decided = 0, 0
-        return np.array([0, 0]), {}
-
-    def step(self, action):
-        if self.t == 0:
-            self.decided = int(action)
-        self.t += 1
-        done = self.t >= 5
-        reward = (1e308 if self.decided else -1e308) if done else 0.0
-        return np.array([self.decided, self.t]), reward, done, False, {}
+    def payoff(self) -> float:
+        return 1e308 if self.decided == 2 else -1e308
 
 
 @pytest.fixture(scope="module", autouse=True)

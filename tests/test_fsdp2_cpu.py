@@ -20,6 +20,8 @@ import pytest
 pytest.importorskip("trl")
 torch = pytest.importorskip("torch")
 
+from tests.helpers import two_process_train_argv  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -112,23 +114,7 @@ def test_fsdp2_synced_rollout_sharded_save_and_weight_change(tmp_path):
     assert records[0]["weight_change_l2"] == pytest.approx(expected, rel=1e-6)
 
 
-TRAIN = [
-    "--algo",
-    "vcbm-loop",
-    "--env",
-    "TextWatchRepair-v0",
-    "--seed",
-    "3",
-    "--iterations",
-    "2",
-    "--checkpoint-every",
-    "1",
-    "--no-progress",
-    "--hyperparams",
-    "generation_batch_size=8",
-    "env_kwargs={max_turns: 3}",
-    "max_turns=3",
-]
+TRAIN = two_process_train_argv(2, "generation_batch_size=8")
 
 
 @pytest.mark.slow

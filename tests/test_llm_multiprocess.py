@@ -15,27 +15,12 @@ import yaml
 
 pytest.importorskip("trl")
 
+from tests.helpers import two_process_train_argv  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
-TRAIN = [
-    "--algo",
-    "vcbm-loop",
-    "--env",
-    "TextWatchRepair-v0",
-    "--seed",
-    "3",
-    "--iterations",
-    "3",
-    "--checkpoint-every",
-    "1",
-    "--no-progress",
-    "--hyperparams",
-    # 12 rollouts = 3 tasks x K=4 over two processes of 6: the middle task's rollouts are split over
-    # the processes, so a rule that saw only its own process's episodes would give other advantages
-    "generation_batch_size=12",
-    "per_device_train_batch_size=6",
-    "env_kwargs={max_turns: 3}",
-    "max_turns=3",
-]
+# 12 rollouts = 3 tasks x K=4 over two processes of 6: the middle task's rollouts are split over
+# the processes, so a rule that saw only its own process's episodes would give other advantages
+TRAIN = two_process_train_argv(3, "generation_batch_size=12", "per_device_train_batch_size=6")
 
 
 def _base_model(folder: Path) -> Path:

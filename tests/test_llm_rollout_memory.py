@@ -12,19 +12,12 @@ import torch  # noqa: E402
 import vcbm_gym  # noqa: E402, F401
 from algorithms.llm.generation.rollout import hf_generate  # noqa: E402
 from algorithms.llm.model.tiny import build_tiny  # noqa: E402
-from tests.helpers import tiny_llm_argv  # noqa: E402
+from tests.helpers import load_file, tiny_llm_argv  # noqa: E402
 
 
 def _benchmark():
     """benchmarks/llm_logprob_memory.py, whose full_vocab_generate is the earlier path kept as the reference."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "llm_logprob_memory.py"
-    spec = importlib.util.spec_from_file_location("llm_logprob_memory", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("benchmarks/llm_logprob_memory.py", "llm_logprob_memory")
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -78,11 +78,10 @@ def accepted_rules(algo: str, env: str) -> list[str]:
     """The credit rules a train command of `algo` on `env` accepts: those its arm resolves without refusing."""
     from algorithms import train
     from algorithms.common.errors import VcbmGymError
-    from vcbm_gym.credit.ccpo import TWO_ROLE_CREDITS
     from vcbm_gym.credit.registry import RULES
 
     accepted = []
-    for rule in dict.fromkeys([*RULES, *TWO_ROLE_CREDITS]):
+    for rule in RULES:
         try:
             train.resolve_argv(["--algo", algo, "--env", env, "--credit", rule])
         except (VcbmGymError, SystemExit):  # refused in one line (SystemExit: argparse's refusal)

@@ -3,7 +3,6 @@ against the reference formula, and a sign-flip test per reward rule (a negated r
 
 from __future__ import annotations
 
-import gymnasium as gym
 import numpy as np
 import pytest
 import torch as th
@@ -14,7 +13,7 @@ from algorithms.common.credit_slot import CreditSlot
 from algorithms.sb3.buffers import FIT_WINDOW, RelabelingReplayBuffer, pooled_correlation
 from algorithms.tabular.q_learning import QLearningConfig
 from algorithms.tabular.runner import ARM
-from tests.helpers import make_batch
+from tests.helpers import DecideFirst, make_batch
 from tests.test_tabular_credit import FlippedRule, _first_decision_correct_rate  # FlippedRule: rewards negated
 from vcbm_gym.credit.base import EpisodeBatch, RewardRule
 from vcbm_gym.credit.ircr import IRCRRule
@@ -198,29 +197,6 @@ def test_rrd_losses_match_the_reference_formula_by_hand(bias_correction):
     full = rrd_loss(STEP_REWARDS[:1], SAMPLE_MASK[:1], LENGTHS[:1], RETURNS[:1], bias_correction)[0]
     per_step = rrd_loss(STEP_REWARDS[:1], SAMPLE_MASK[:1], LENGTHS[:1], RETURNS[:1], bias_correction, per_step=True)[0]
     assert full == pytest.approx(per_step * 64.0, rel=1e-12)
-
-
-class DecideFirst(gym.Env):
-    """The first action decides the return, paid at the last of HORIZON steps: 1 for action 1, 0 for action 0, plus
-    noise; later actions do nothing. State [decided value (0 before, 1 + action after), clock]."""
-
-    HORIZON = 4
-    observation_space = spaces.MultiDiscrete([3, HORIZON + 1])
-    action_space = spaces.Discrete(2)
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.t, self.decided = 0, 0
-        return np.array([0, 0]), {}
-
-    def step(self, action):
-        if self.t == 0:
-            self.decided = 1 + int(action)
-        self.t += 1
-        done = self.t >= self.HORIZON
-        reward = float(self.decided - 1) + 0.3 * float(self.np_random.normal()) if done else 0.0
-        info = {"first_decision_optimal": self.decided == 2} if done else {}
-        return np.array([self.decided, self.t]), reward, done, False, info
 
 
 RULE_KWARGS = {

@@ -103,6 +103,13 @@ def check_int(value: int, option: str, lo: int, hi: int | None = None) -> int:
     return value
 
 
+def check_multiples(values: Sequence[int], option: str, k: int, unit: str) -> None:
+    """Every value a positive multiple of `k` (a whole number of `unit`s), or one error naming the bad ones."""
+    bad = [n for n in values if n < k or n % k]
+    if bad:
+        raise VcbmGymError(f"{option} {' '.join(map(str, bad))}: expected multiples of {k} ({unit})")
+
+
 def output_dir(path: str | Path, option: str) -> Path:
     """Create `path` (and parents) and prove it writable, before any work that would be lost."""
     path = Path(path)

@@ -14,7 +14,8 @@ every arm:
    instance is checked again.
 3. The run hands every batch to `assign_credit`: the rule's credit for the batch, then `observe` (the order
    CreditRule documents). An arm that discards a batch (the LLM arm's aborted iterations) calls
-   `credit_of` and observes only the batches it keeps.
+   `credit_of` and observes only the batches it keeps. The one exception, outside every slot, is the tabular `rudder`
+   agent's observe-first order (`observe_then_credit`, which says why).
 
 How an arm consumes each kind (`Arm.consumes`, in its `CreditFit`): *rewards* replace the env's reward for the learner's own
 estimator (td and mc's targets, PPO/A2C's GAE and value targets, the replay buffer of DQN/SAC/TD3, which
@@ -100,6 +101,16 @@ def assign_credit(rule: CreditRule, batch: EpisodeBatch) -> np.ndarray:
     return credit
 
 
+def observe_then_credit(rule: CreditRule, batch: EpisodeBatch) -> np.ndarray:
+    """The one exception to `assign_credit`'s order, for the tabular `rudder` agent alone (algorithms/tabular/rudder.py,
+    an algo with no credit slot): its RudderRule learns from an episode before redistributing that episode's return,
+    as the RUDDER demonstration code that agent reproduces does (the episode joins the lesson buffer, the LSTM trains
+    on schedule, and the episode's return is redistributed by the LSTM just trained; docs/papers/vcbm.md, "RUDDER").
+    A credit slot never uses it: a run with `--credit rudder` scores each batch before the rule learns from it."""
+    rule.observe(batch)
+    return credit_of(rule, batch)
+
+
 def rule_summary(rule: CreditRule | None, component_names: Any = None) -> dict[str, Any]:
     """What summary.json records of the run's rule: its name, the causal roles it found (vcbm_bookmark, Eq. 9
     of arXiv:2610.24032) by component, and its own `summary()`."""
@@ -127,15 +138,22 @@ class CreditFit:
     info_provides: frozenset[str]
     consumes: frozenset[str]
     rule_defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # whether the learner has a credit of its own, which "none" leaves it (the two-role trainer has none: a rule pays
+    # its roles)
+    own_credit: bool = True
 
     def misfit(self, name: str) -> str | None:
         """Why rule `name` (its class's declarations) cannot run here (one line), or None; imports that rule's module
         only (an unknown name imports every rule's, to list those that fit)."""
-        if name == NO_CREDIT:
+        if name == NO_CREDIT and self.own_credit:
             return None
+        if name == NO_CREDIT:
+            return (
+                f"credit {name!r} for the {self.arm} arm: its learner has no credit of its own; "
+                f"expected a rule, one of: {', '.join(self.fitting_rules())}"
+            )
         if not is_rule(name):
-            fitting = [rule for rule in rule_names() if self.misfit(rule) is None]
-            return unknown_rule_line(name, [NO_CREDIT, *fitting])
+            return unknown_rule_line(name, [NO_CREDIT, *self.fitting_rules()] if self.own_credit else self.fitting_rules())
         try:
             cls = rule_class(name)
         except RuleLookupError as exc:
@@ -143,6 +161,10 @@ class CreditFit:
         fitting = [kind for kind in cls.kinds() if kind in self.consumes]  # an option may choose the kind
         emitted = fitting[0] if fitting else cls.emits
         return self.instance_misfit(name, unmet_rule_needs(cls, self.batch_provides, self.info_provides), emitted)
+
+    def fitting_rules(self) -> list[str]:
+        """The registered rules that can run here (imports every rule's module)."""
+        return [rule for rule in rule_names() if self.misfit(rule) is None]
 
     def instance_misfit(self, name: str, missing: list[str], emitted: str) -> str | None:
         why = misfit_line(name, missing, self.arm, self.batch_provides, self.info_provides)

@@ -9,6 +9,7 @@ published number.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import datetime
 import functools
@@ -18,7 +19,7 @@ import shlex
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import vcbm_gym
 from algorithms.common import cli
@@ -59,6 +60,12 @@ def command_line(prog: str, argv: Sequence[str]) -> str:
     return shlex.join([*shlex.split(prog), *map(str, argv)])
 
 
+def add_report_arguments(parser: argparse.ArgumentParser) -> None:
+    """A side-by-side benchmark's `--json` and `--markdown` files (check_report_files, write_report)."""
+    parser.add_argument("--json", help="also write the measured rows here")
+    parser.add_argument("--markdown", help="also write the printed report here")
+
+
 def check_report_files(json_path: str | None, markdown_path: str | None) -> None:
     """Refuse a benchmark's unwritable `--json` / `--markdown` file (one line) before it runs anything."""
     for option, path in (("--json", json_path), ("--markdown", markdown_path)):
@@ -85,6 +92,26 @@ def write_report(
         dirty = " (with uncommitted changes)" if record["git_dirty"] else ""
         head = f"Command: `{command}`; commit: {record['git_commit'] or 'not recorded'}{dirty}.\n\n"
         cli.atomic_write_text(markdown_path, f"# {title}\n\n" + head + "```\n" + "\n".join(lines) + "\n```\n")
+
+
+def measured_report(
+    title: str,
+    prog: str,
+    argv: Sequence[str],
+    measure: Callable[[], list[dict]],
+    report: Callable[[list[dict], float], list[str]],
+    json_path: str | None,
+    markdown_path: str | None,
+) -> list[dict]:
+    """A side-by-side benchmark's run: `measure()` its rows, print `report(rows, seconds taken)` and write it
+    (write_report, with the environment read before the runs: the commit they measure)."""
+    start = time.perf_counter()
+    record = environment_record()
+    rows = measure()
+    lines = report(rows, time.perf_counter() - start)
+    print("\n".join(lines))
+    write_report(title, prog, argv, record, rows, lines, json_path, markdown_path)
+    return rows
 
 
 @dataclasses.dataclass(frozen=True)

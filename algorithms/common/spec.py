@@ -163,8 +163,9 @@ class Arm(ABC):
         return self.credit_fit(algo).misfit(name)
 
     def credit_rules(self, algo: str | None = None) -> tuple[str, ...]:
-        """ "none" and every registered rule that fits (imports every rule's module)."""
-        return (NO_CREDIT, *(name for name in rule_names() if self.credit_misfit(name, algo) is None))
+        """ "none" (unless the learner has no credit of its own) and every registered rule that fits (imports every
+        rule's module)."""
+        return tuple(name for name in (NO_CREDIT, *rule_names()) if self.credit_misfit(name, algo) is None)
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """The arm's own train flags."""

@@ -184,19 +184,33 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return check_args(args)
 
 
+def rule_list(text: str) -> list[str]:
+    """`--rules`: comma-separated names, each a built-in, registered or installed credit rule."""
+    rules = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in rules if not is_rule(name)]
+    if not rules or unknown:
+        raise VcbmGymError(
+            f"--rules {text!r}: unknown {unknown or 'empty'}; expected names from: {', '.join(rule_names())} ({HOW_TO_REGISTER})"
+        )
+    return rules
+
+
+def auto_or_int(value: str, option: str, lo: int, hi: int | None = None) -> str | int:
+    """An option that is 'auto' or an integer in [lo, hi]."""
+    if value == "auto":
+        return value
+    try:
+        return cli.check_int(int(value), option, lo, hi)
+    except ValueError:
+        raise VcbmGymError(f"{option} {value!r}: expected 'auto' or an integer >= {lo}") from None
+
+
 def check_args(args: argparse.Namespace) -> argparse.Namespace:
     """Every bad value is one line here, before any env runs or any file is written."""
     args.envs = [name.strip() for name in args.env.split(",") if name.strip()]
     if not args.envs:
         raise VcbmGymError(f"--env {args.env!r}: expected one or more comma-separated Gymnasium ids")
-    rules = [name.strip() for name in args.rules.split(",") if name.strip()]
-    unknown = [name for name in rules if not is_rule(name)]
-    if not rules or unknown:
-        raise VcbmGymError(
-            f"--rules {args.rules!r}: unknown {unknown or 'empty'}; expected names from: {', '.join(rule_names())} "
-            f"({HOW_TO_REGISTER})"
-        )
-    args.rules = rules
+    args.rules = rule_list(args.rules)
     try:
         env_kwargs = yaml.safe_load(args.env_kwargs)
     except yaml.YAMLError:
@@ -206,24 +220,12 @@ def check_args(args: argparse.Namespace) -> argparse.Namespace:
     args.env_kwargs = env_kwargs
     cli.check_seed(args.seed)
     cli.check_int(args.seeds, "--seeds", 1, 1000)
-    if args.episodes != "auto":
-        try:
-            args.episodes = cli.check_int(int(args.episodes), "--episodes", 2, 1_000_000)
-        except ValueError:
-            raise VcbmGymError(f"--episodes {args.episodes!r}: expected 'auto' or an integer >= 2") from None
+    args.episodes = auto_or_int(args.episodes, "--episodes", 2, 1_000_000)
     cli.check_int(args.k, "--k", 2, 1_000_000)  # two continuations at least: a standard error needs them
     cli.check_int(args.batch_episodes, "--batch-episodes", 1)
     cli.check_int(args.train_episodes, "--train-episodes", 0, 10_000_000)
-    if args.group_size != "auto":
-        try:
-            args.group_size = cli.check_int(int(args.group_size), "--group-size", 1, 1_000_000)
-        except ValueError:
-            raise VcbmGymError(f"--group-size {args.group_size!r}: expected 'auto' or an integer >= 1") from None
-    if args.decision_step != "auto":
-        try:
-            args.decision_step = cli.check_int(int(args.decision_step), "--decision-step", 0)
-        except ValueError:
-            raise VcbmGymError(f"--decision-step {args.decision_step!r}: expected 'auto' or an integer >= 0") from None
+    args.group_size = auto_or_int(args.group_size, "--group-size", 1, 1_000_000)
+    args.decision_step = auto_or_int(args.decision_step, "--decision-step", 0)
     if len(args.envs) > 1 and "{env}" not in args.out:
         raise VcbmGymError(f"--out {args.out!r}: with several envs it must contain {{env}} (each env writes its own file)")
     for env_id in args.envs:

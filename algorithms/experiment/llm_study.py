@@ -14,11 +14,13 @@ Per seed the study records iterations until the trailing mean of the optimal-dec
 first reaches 90% (censored at the budget: a lower bound, in the run's favour) and the final optimal rate (the mean of
 the last `window` iterations). A run is reused when its log dir holds a finished run of the same resolved config and
 warm-start model; the others train on the executor's worker processes. The helpers the LLM benchmarks share (jobs,
-reuse, the target criterion, t-intervals) live here.
+reuse, the target criterion, t-intervals, their common options and checks, results.json / run.json / results.md)
+live here.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -53,15 +55,20 @@ class Setting:
     learning_rate: float
 
     def hyperparams(self) -> list[str]:
-        key = "max_turns" if self.env_id == "TextWatchRepair-v0" else "n_stations"
-        return [
-            f"env_kwargs={{{key}: {self.turns}, noise_scale: {self.noise_scale}}}",
-            f"max_turns={self.turns}",
-            f"generation_batch_size={self.rollouts}",
-            f"num_generations={self.group}",
-            f"num_iterations={self.epochs}",
-            f"learning_rate={self.learning_rate}",
-        ]
+        return setting_hyperparams(self)
+
+
+def setting_hyperparams(setting: Any) -> list[str]:
+    """The train overrides of a setting (a `Setting` here or benchmarks/llm_learning.py's, with the same fields)."""
+    key = "max_turns" if setting.env_id == "TextWatchRepair-v0" else "n_stations"
+    return [
+        f"env_kwargs={{{key}: {setting.turns}, noise_scale: {setting.noise_scale}}}",
+        f"max_turns={setting.turns}",
+        f"generation_batch_size={setting.rollouts}",
+        f"num_generations={setting.group}",
+        f"num_iterations={setting.epochs}",
+        f"learning_rate={setting.learning_rate}",
+    ]
 
 
 @dataclass(frozen=True)
@@ -112,12 +119,20 @@ def methods_of(run: dict[str, Any]) -> dict[str, Method]:
     return out
 
 
+def train_argv(
+    algo: Sequence[str], env_id: str, seed: int, iterations: int, log_dir: Path, hyperparams: Sequence[str]
+) -> list[str]:
+    """The `algorithms.train` command line of one run of the warm-started tiny model: `algo` (--algo and what goes
+    with it), then the env, seed, budget, log dir and train overrides."""
+    return [
+        *algo, "--env", env_id, "--seed", str(seed), "--model", "tiny", "--iterations", str(iterations),
+        "--no-progress", "--log-dir", str(log_dir), "--hyperparams", *hyperparams,
+    ]  # fmt: skip
+
+
 def run_argv(setting: Setting, method: Method, seed: int, iterations: int, log_dir: Path) -> list[str]:
     """The `algorithms.train` command line of one run."""
-    return [
-        *method.argv(), "--env", setting.env_id, "--seed", str(seed), "--model", "tiny", "--iterations", str(iterations),
-        "--no-progress", "--log-dir", str(log_dir), "--hyperparams", *setting.hyperparams(), *method.hyperparams,
-    ]  # fmt: skip
+    return train_argv(method.argv(), setting.env_id, seed, iterations, log_dir, [*setting.hyperparams(), *method.hyperparams])
 
 
 def iterations_to_target(rates: np.ndarray, window: int, target: float = TARGET) -> tuple[int, bool]:
@@ -145,6 +160,11 @@ def makespan(costs: Sequence[float], workers: int) -> float:
     for cost in sorted(costs, reverse=True):
         free[free.index(min(free))] += cost
     return max(free)
+
+
+def estimate_total(costs: Sequence[float], workers: int) -> str:
+    """A budget estimate's last line: the runs' minutes in all, and the wall time on `workers` processes."""
+    return f"total {sum(costs) / 60:.1f} run-minutes on {workers} workers: about {makespan(costs, workers) / 60:.0f} min"
 
 
 def finished_history(job: Job) -> tuple[list[dict] | None, str]:
@@ -224,6 +244,83 @@ def run_reusing(jobs: list[Job], workers: int, start: float, describe: Callable[
     return histories, reused
 
 
+def add_run_arguments(parser: argparse.ArgumentParser, out: str, window: int, window_help: str, hyperparams: bool) -> None:
+    """The options every LLM benchmark takes after its selection: [--hyperparams], --window, --workers, --out, --estimate."""
+    if hyperparams:
+        parser.add_argument("--hyperparams", nargs="*", default=[], metavar="KEY=VALUE", help="more train overrides, every run")
+    parser.add_argument("--window", type=int, default=window, help=window_help)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--estimate", action="store_true", help="print the runs' time budget and exit")
+
+
+def check_choices(flag: str, given: Sequence[str], allowed: Sequence[str]) -> None:
+    """Every value given to `flag` one of `allowed`, else one line naming it."""
+    for value in given:
+        if value not in allowed:
+            raise VcbmGymError(f"{flag} {value!r}: expected some of {', '.join(allowed)}")
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """--workers, --window, --seeds and --iterations (a budget holds at least one window); None: the default's."""
+    cli.check_int(args.workers, "--workers", 1)
+    cli.check_int(args.window, "--window", 1)
+    if args.seeds is not None:
+        cli.check_int(args.seeds, "--seeds", 1)
+    if args.iterations is not None:
+        cli.check_int(args.iterations, "--iterations", args.window)
+
+
+@dataclass
+class Trained:
+    """What `train_reusing` ran: the jobs, their histories, how many were reused, the wall time and the provenance."""
+
+    jobs: list[Job]
+    histories: dict[Job, list]
+    reused: int
+    wall_s: float
+    warm_start: str
+    record: dict[str, Any]
+
+
+def train_reusing(jobs_of: Callable[[str], list[Job]], workers: int, describe: Callable[[list[dict]], str]) -> Trained:
+    """A benchmark's runs: `jobs_of(warm_start key)` gives the jobs; finished ones are reused (`run_reusing`)."""
+    start = time.perf_counter()
+    from algorithms.common.provenance import environment_record
+    from algorithms.llm.model.warm_start import cached_warm_start
+
+    record = environment_record()  # the commit the runs ran on, read before they start
+    warm_start = cached_warm_start().name  # built once, before the workers need it; its name is its key
+    jobs = jobs_of(warm_start)
+    histories, reused = run_reusing(jobs, workers, start, describe)
+    return Trained(jobs, histories, reused, time.perf_counter() - start, warm_start, record)
+
+
+def grouped(trained: Trained, settings: Sequence[str], methods: Sequence[str]) -> dict[str, dict[str, list]]:
+    """{setting: {method: [history per seed]}}, settings and methods in the given order, seeds ascending."""
+    out: dict[str, dict[str, list]] = {}
+    order = list(settings)
+    for job in sorted(trained.jobs, key=lambda j: (order.index(j.setting), methods.index(j.method), j.seed)):
+        out.setdefault(job.setting, {}).setdefault(job.method, []).append(trained.histories[job])
+    return out
+
+
+def write_outputs(
+    out: Path, command: str, trained: Trained, payload: dict, markdown: str, plot: Callable[[Path], None], **run: Any
+) -> None:
+    """A benchmark's results.json, run.json (command, wall time, warm start, runs, runs reused, `run`, provenance),
+    results.md and curves.png, each written atomically; then the tables on stdout."""
+    cli.atomic_write_json(out / "results.json", payload)
+    cli.atomic_write_json(
+        out / "run.json",
+        {"command": command, "wall_time_s": trained.wall_s, "warm_start": trained.warm_start, "runs": len(trained.jobs),
+         "runs_reused": trained.reused, **run, **trained.record},
+    )  # fmt: skip
+    cli.atomic_write_text(out / "results.md", markdown)
+    plot(out / "curves.png")
+    print(markdown)
+
+
 def summarise_method(runs: list[list[dict]], window: int) -> dict[str, Any]:
     """One method's seeds in one setting: the optimal-rate curve with its t-interval, iterations to the target
     (censored at the budget) and the final rate, per seed."""
@@ -239,20 +336,37 @@ def summarise_method(runs: list[list[dict]], window: int) -> dict[str, Any]:
     }
 
 
-def table(results: dict[str, Any], window: int) -> str:
-    lines = [
-        "| setting | method | seeds at 90% | iterations to 90% (per seed, * censored) "
-        f"| final optimal rate (mean of last {window}) | s / iteration |",
-        "|---|---|---|---|---|---|",
+def method_rows(results: dict[str, Any], window: int, noise: bool = False) -> list[str]:
+    """The markdown table of every setting's methods: seeds at 90%, iterations to 90% per seed, final rate, s / iteration
+    (with `noise`, a column of each setting's noise scale after its name)."""
+    columns = [
+        "setting",
+        *(["noise"] if noise else []),
+        "method",
+        "seeds at 90%",
+        "iterations to 90% (per seed, * censored)",
+        f"final optimal rate (mean of last {window})",
+        "s / iteration",
     ]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for name, r in results.items():
         for label, m in r["methods"].items():
             per_seed = ", ".join(f"{n}{'' if ok else '*'}" for n, ok in zip(m["iterations_to_90"], m["reached_90"]))
-            lines.append(
-                f"| {name} | {label} | {sum(m['reached_90'])}/{m['seeds']} | {per_seed} | "
-                f"{np.mean(m['final_optimal_rate']):.3f} | {m['seconds_per_iteration']:.2f} |"
-            )
-    return "\n".join(lines) + "\n"
+            cells = [
+                name,
+                *([str(r["noise_scale"])] if noise else []),
+                label,
+                f"{sum(m['reached_90'])}/{m['seeds']}",
+                per_seed,
+                f"{np.mean(m['final_optimal_rate']):.3f}",
+                f"{m['seconds_per_iteration']:.2f}",
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def table(results: dict[str, Any], window: int) -> str:
+    return "\n".join(method_rows(results, window)) + "\n"
 
 
 def plan_jobs(run: dict[str, Any], seeds: range, out: Path, iterations: int | None, warm_start: str) -> list[Job]:

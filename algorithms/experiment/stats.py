@@ -103,17 +103,22 @@ def _interval(data: tuple[np.ndarray, ...], statistic: Any) -> tuple[float, floa
     """Percentile bootstrap CI, each sample resampled on its own (unpaired); None when a sample has < 2 runs."""
     if min(len(d) for d in data) < 2:
         return None
-    result = stats.bootstrap(
+    result = _bootstrap(data, statistic, N_RESAMPLES)
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def _bootstrap(data: tuple[np.ndarray, ...], statistic: Any, n_resamples: int) -> Any:
+    """scipy's bootstrap at this module's confidence, method and seed, the statistic vectorized over the last axis."""
+    return stats.bootstrap(
         data,
         statistic,
-        n_resamples=N_RESAMPLES,
+        n_resamples=n_resamples,
         confidence_level=CONFIDENCE,
         method=BOOTSTRAP_METHOD,
         vectorized=True,
         axis=-1,
         rng=np.random.default_rng(BOOTSTRAP_SEED),
     )
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def _estimate(point: float, interval: tuple[float, float] | None) -> dict[str, float | None]:
@@ -170,14 +175,5 @@ def mean_ci_curves(curves: np.ndarray, n_resamples: int = 2_000) -> tuple[np.nda
     mean = curves.mean(axis=0)
     if curves.shape[0] < 2:
         return mean, mean.copy(), mean.copy()
-    result = stats.bootstrap(
-        (curves.T,),
-        _mean,
-        n_resamples=n_resamples,
-        confidence_level=CONFIDENCE,
-        method=BOOTSTRAP_METHOD,
-        vectorized=True,
-        axis=-1,
-        rng=np.random.default_rng(BOOTSTRAP_SEED),
-    )
+    result = _bootstrap((curves.T,), _mean, n_resamples)
     return mean, np.asarray(result.confidence_interval.low), np.asarray(result.confidence_interval.high)

@@ -15,7 +15,7 @@ from algorithms.common import cli
 from algorithms.common.config import as_plain_dict
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.spec import RunSpec
-from algorithms.llm.config import LLM_CREDIT, LLMConfig, LoopRunConfig
+from algorithms.llm.config import LLMConfig, LoopRunConfig
 from algorithms.llm.resolve import plain, reported
 
 CHECKPOINTS = "checkpoints"  # <log-dir>/checkpoints: the trainer's output dir
@@ -106,11 +106,12 @@ def build_trainer(spec: RunSpec, cfg: Any, writer: Any):
     )
     if spec.algo == "trl-grpo":
         return MultiTurnGRPOTrainer(**common)
-    if config.slot is None:  # ccpo: a two-role rule, which the trainer builds itself
+    rule = config.slot.build(config.credit_fit)
+    if spec.algo == "ccpo":  # two roles of one model: algorithms/llm/two_role/trainer.py
         from algorithms.llm.two_role.trainer import TwoRoleTrainer
 
-        return TwoRoleTrainer(**common)
-    return LoopTrainer(**common, credit_rule=config.slot.build(LLM_CREDIT))
+        return TwoRoleTrainer(**common, credit_rule=rule)
+    return LoopTrainer(**common, credit_rule=rule)
 
 
 def announce(trainer: Any, cfg: Any) -> None:

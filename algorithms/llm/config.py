@@ -148,10 +148,15 @@ class LLMConfig:
 
     @property
     def slot(self) -> CreditSlot | None:
-        """The credit rule's recipe; None for trl-grpo (TRL's own group advantage) and ccpo (its two-role rules)."""
-        if not getattr(self.trainer, "RULE_CREDIT", False):  # trl-grpo; ccpo's two-role credit (two_role/config.py)
+        """The credit rule's recipe; None for trl-grpo (TRL's own group advantage: its config names no rule)."""
+        if not isinstance(self.trainer, LoopConfig):
             return None
         return CreditSlot(self.trainer.credit, self.trainer.credit_kwargs)
+
+    @property
+    def credit_fit(self) -> CreditFit | None:
+        """What the run's trainer gives a credit rule and takes from it (None for trl-grpo)."""
+        return self.trainer.CREDIT_FIT if isinstance(self.trainer, LoopConfig) else None
 
 
 @dataclass
@@ -211,10 +216,11 @@ class MultiTurnGRPOConfig(GRPOConfig):
 
 @dataclass
 class LoopConfig(MultiTurnGRPOConfig):
-    RULE_CREDIT: ClassVar[bool] = True  # `credit` names a rule of vcbm_gym.credit.registry.RULES
+    # what this trainer gives a credit rule and takes from it (the two-role trainer's differs: two_role/config.py)
+    CREDIT_FIT: ClassVar[CreditFit] = LLM_CREDIT
 
     # credit: a rule of vcbm_gym.credit (LOOP: loo, Eq. 6; VCBM-LOOP: vcbm_blend, Eq. 12-14)
-    credit: str = field(default=DEFAULT_CREDIT["loop"], metadata={"help": "credit rule name (vcbm_gym.credit.registry.RULES)"})
+    credit: str = field(default=DEFAULT_CREDIT["loop"], metadata={"help": "credit rule name (vcbm_gym.credit.registry)"})
     credit_kwargs: dict = field(
         default_factory=dict, metadata={"help": "rule name -> its constructor arguments, e.g. {vcbm_blend: {beta: 1.0}}"}
     )
@@ -230,8 +236,8 @@ class LoopConfig(MultiTurnGRPOConfig):
     objective: str = field(default="ppo_clip", metadata={"help": f"base objective, one of {OBJECTIVES}"})
 
     def check_credit(self) -> None:
-        """Refuse a credit rule the LLM arm cannot run (one line); the run builds the rule itself."""
-        credit_slot(self.credit, self.credit_kwargs).check(LLM_CREDIT)
+        """Refuse a credit rule this trainer cannot run (one line); the run builds the rule itself."""
+        credit_slot(self.credit, self.credit_kwargs).check(self.CREDIT_FIT)
 
     # LOOP defaults where TRL's differ
     epsilon: float = 0.1

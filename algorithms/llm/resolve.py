@@ -18,7 +18,7 @@ from algorithms.common import cli
 from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.spec import RunSpec
-from algorithms.llm.config import DEFAULT_CREDIT, LLM_CREDIT, LLMConfig, LoopConfig, LoopRunConfig, MultiTurnGRPOConfig
+from algorithms.llm.config import DEFAULT_CREDIT, LLMConfig, LoopConfig, LoopRunConfig, MultiTurnGRPOConfig
 from algorithms.llm.two_role.config import TWO_ROLE_DEFAULT, TwoRoleConfig
 
 # Keys of the earlier shape (credit: loo | vcbm with vcbm_* beside it) -> their vcbm_blend argument.
@@ -102,7 +102,7 @@ def resolve(algo: str, env_id: str, seed: int, mapping: Mapping[str, Any]) -> Ru
     config = LLMConfig(run_cfg, trainer_cfg)
     if config.slot is not None:  # built dry, as every arm does: a bad argument is one line before anything is written
         try:
-            config.slot.build(LLM_CREDIT)
+            config.slot.build(config.credit_fit)
         except ValueError as exc:
             raise ConfigError(f"algo {algo!r}: {exc}") from None
         check_branch_env(config.slot.credit, env_id, run_cfg.env_kwargs)

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.common.credit_slot import observe_then_credit
 from algorithms.common.validation import AT_LEAST_ONE, NON_NEGATIVE, POSITIVE, UNIT, UNIT_POSITIVE, Validated
 from algorithms.tabular.base import EPSILON, LATER_ACTION, OPTIMISTIC_Q, STEP_SIZE, FirstDecisionAgent
 from vcbm_gym.credit.base import EpisodeBatch
@@ -81,8 +82,7 @@ class RudderAgent(FirstDecisionAgent):
             actions=np.asarray(self._actions)[None],
         )
         events_before = self.rule.training_events
-        self.rule.observe(batch)
-        redistributed = self.rule.advantages(batch)[0]
+        redistributed = observe_then_credit(self.rule, batch)[0]
         self.update_first_decision(float(redistributed[0]), self.config.q_learning_rate)
         scalars = {"rudder/redistributed_reward_t0": float(redistributed[0]), "rudder/lstm_trained": float(self.rule.trained)}
         if self.rule.training_events > events_before:

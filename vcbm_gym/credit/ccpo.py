@@ -7,24 +7,27 @@ answer R in {-1, +1}. Each function maps a batch of such episodes, one row each,
 advantages; rows of one prompt share a group id (the prompt's n thoughts). docs/papers/ccpo.md lists where each
 equation lives and the choices made where the paper or its code is ambiguous.
 
-These functions are not rules of the `RULES` table (vcbm_gym/credit/registry.py): a rule there maps one EpisodeBatch
-of single-agent episodes to credit, while these need each episode's counterfactual (solo) outcome and its role.
-The LLM arm's two-role trainer (`--algo ccpo`, algorithms/llm/two_role/trainer.py) calls `role_rewards` on its trained rows.
-Inputs are checked here, one ValueError line each.
+The rules `ccpo`, `sepo` and `shapley` of the registry (vcbm_gym/credit/registry.py) are built on them
+(`RoleCreditRule`): they read each row's role and its joint and solo outcomes from the batch's extras, which only the
+LLM arm's two-role trainer (`--algo ccpo`, algorithms/llm/two_role/trainer.py) provides. Its baseline, both roles
+paid the shared R_joint, is the registry's `grpo` on that reward. Inputs are checked here, one ValueError line each.
 """
 
 from __future__ import annotations
 
+import abc
 import re
 from typing import Any, NamedTuple
 
 import numpy as np
 
 import vcbm_gym.credit.options as options
+from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 from vcbm_gym.credit.grpo import group_relative_advantages
 
 THINKER_BONUS_WEIGHT = 0.2  # CCPO's lambda: Thinker reward R_joint + lambda * bonus
 BONUS_FORMS = ("event", "difference")  # helped - hurt, or (R_joint - baseline) / 2
+BONUS = "event"  # the paper's bonus
 SELF_WEIGHT = 0.3  # SEPO's eta: a role's own rating against its peer's (1 - eta)
 SEPO_CREDIT_WEIGHT = 0.2  # SEPO: R + this * bonus when the answer is right
 SEPO_BLAME_WEIGHT = 0.2  # SEPO: R - this * bonus when it is wrong
@@ -128,7 +131,7 @@ def ccpo_difference_bonus(r_joint: Any, baseline: Any) -> np.ndarray:
 
 
 def ccpo_rewards(
-    r_joint: Any, baseline: Any, bonus: str = "event", lam: float = THINKER_BONUS_WEIGHT
+    r_joint: Any, baseline: Any, bonus: str = BONUS, lam: float = THINKER_BONUS_WEIGHT
 ) -> tuple[np.ndarray, np.ndarray]:
     """CCPO's role rewards: (Thinker R_joint + lam * bonus, Solver R_joint).
 
@@ -262,77 +265,92 @@ def shapley_credit(r_joint: Any, r_solo: Any) -> tuple[np.ndarray, np.ndarray]:
     return (joint - solo) / 2.0, solo / 2.0 + joint / 2.0
 
 
-# --- per-role rewards of a batch of trained rows -----------------------------------------------------------
-TWO_ROLE_CREDITS = ("ccpo", "sepo", "shapley", "grpo")  # grpo: both roles paid the shared R_joint (the baseline)
+# --- the two-role rules ------------------------------------------------------------------------------------
 ROLES = ("thinker", "solver")
-CREDIT_ARGUMENTS = {
-    "ccpo": {"bonus": "event", "lam": THINKER_BONUS_WEIGHT, "group_baseline": True},
-    "sepo": {"eta": SELF_WEIGHT, "credit_weight": SEPO_CREDIT_WEIGHT, "blame_weight": SEPO_BLAME_WEIGHT},
-    "shapley": {},
-    "grpo": {},
-}
+ROLE_EXTRAS = ("role", "r_joint", "r_solo")  # per row: its trained role, R_joint, and the Solver's solo R_solo
+SPLIT_EXTRAS = ("thinker_split", "solver_split")  # per row: each role's (Thinker share, Solver share) rating (SEPO)
 
 
-def credit_arguments(credit: str, kwargs: Any = None) -> dict[str, Any]:
-    """Rule `credit`'s arguments: CREDIT_ARGUMENTS[credit] updated by `kwargs`, each checked (one ValueError line)."""
-    if credit not in TWO_ROLE_CREDITS:
-        raise ValueError(f"credit={credit!r}: expected one of {', '.join(TWO_ROLE_CREDITS)} (the two-role credit rules)")
-    given = dict(kwargs or {})
-    unknown = sorted(set(given) - set(CREDIT_ARGUMENTS[credit]))
-    if unknown:
-        known = ", ".join(CREDIT_ARGUMENTS[credit]) or "none"
-        raise ValueError(f"credit_kwargs[{credit!r}] has {unknown[0]!r}: expected only {known}")
-    out = {**CREDIT_ARGUMENTS[credit], **given}
-    if credit == "ccpo":
-        if out["bonus"] not in BONUS_FORMS:
-            raise ValueError(f"bonus={out['bonus']!r}: expected one of {', '.join(BONUS_FORMS)}")
-        out["lam"] = options.number("lam", out["lam"], 0)
-        out["group_baseline"] = options.flag("group_baseline", out["group_baseline"])
-    elif credit == "sepo":
-        out["eta"] = options.number("eta", out["eta"], 0, 1)
-        out["credit_weight"] = options.number("credit_weight", out["credit_weight"], 0)
-        out["blame_weight"] = options.number("blame_weight", out["blame_weight"], 0)
-    return out
+class RoleCreditRule(CreditRule):
+    """A rule of the registry that pays each row of a two-role batch its role's reward, then trains each role on
+    GRPO's advantage without std: the role reward minus its mean over the rows of the same prompt and role (as CCPO
+    and SEPO train each role), on every trained step of the row.
+
+    A row is one episode of prompt group_ids[k] (a Thinker's thought and the Solver's joint answer to it) trained in
+    role extras['role'][k] ("thinker" or "solver"); extras['r_joint'] and extras['r_solo'] hold the verifier's
+    outcomes (-1 or +1) of the joint answer and of the Solver's answer to the problem alone. Only an arm that plays
+    both roles and the solo turn fills these (the two-role LLM arm, `--algo ccpo`); every other arm is refused by
+    `batch_needs`. The group baseline and SEPO's centring are over a prompt's rows, so all of them must be in the
+    batch. Stateless: `observe` learns nothing."""
+
+    batch_needs = ("group_ids", *(f"extras[{key!r}]" for key in ROLE_EXTRAS))
+
+    @abc.abstractmethod
+    def pay(self, batch: EpisodeBatch, joint: np.ndarray, solo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(Thinker reward, Solver reward) of every row."""
+
+    def role_rewards(self, batch: EpisodeBatch) -> np.ndarray:
+        """(B,) each row's reward in its own role: the Thinker's on a "thinker" row, the Solver's on a "solver" row."""
+        n = batch.batch_size
+        joint = _outcomes("extras['r_joint']", batch.extras["r_joint"], n)
+        solo = _outcomes("extras['r_solo']", batch.extras["r_solo"], n)
+        role = np.asarray(list(batch.extras["role"]), dtype=object)
+        if role.shape != (n,) or not np.isin(role, ROLES).all():
+            raise ValueError(f"extras['role']: expected {n} of {ROLES}, one per episode; got {list(role)[:4]}...")
+        thinker, solver = self.pay(batch, joint, solo)
+        return np.where(role == "thinker", thinker, solver)
+
+    def advantages(self, batch: EpisodeBatch) -> np.ndarray:
+        reward = self.role_rewards(batch)
+        keys = [f"{group}:{role}" for group, role in zip(batch.group_ids.tolist(), batch.extras["role"])]
+        per_role = np.unique(np.array(keys, dtype=str), return_inverse=True)[1].reshape(-1)
+        return batch.broadcast(group_advantages(reward, per_role))
 
 
-def role_rewards(
-    credit: str,
-    roles: Any,
-    r_joint: Any,
-    r_solo: Any,
-    group_ids: Any,
-    thinker_splits: Any = None,
-    solver_splits: Any = None,
-    **kwargs: Any,
-) -> np.ndarray:
-    """Each row's reward under two-role rule `credit`: the Thinker's reward on a "thinker" row, the Solver's on a
-    "solver" row.
+class CCPORule(RoleCreditRule):
+    """CCPO (`ccpo_rewards`): the Thinker paid R_joint + lam * bonus against the solo baseline (`group_solo_baseline`,
+    or the row's own R_solo when group_baseline is False), the Solver R_joint."""
 
-    Row k is one episode of prompt group_ids[k] (a Thinker's thought and the Solver's joint answer to it, R_joint,
-    and the Solver's solo answer to the problem alone, R_solo), trained in role roles[k]:
-    - ccpo: `ccpo_rewards` against `group_solo_baseline` (or the row's own R_solo when group_baseline is False);
-    - sepo: `sepo_rewards` on the splits both roles wrote (rows of (Thinker share, Solver share));
-    - shapley: `shapley_credit` with the row's own R_solo (the reference pairs joint rollout k with solo rollout k);
-    - grpo: R_joint for both roles (plain GRPO on the shared reward, the baseline).
-    The group baseline and SEPO's centring are over a group's rows, so a group's rows must all be in the batch."""
-    args = credit_arguments(credit, kwargs)
-    joint = _outcomes("r_joint", r_joint)
-    solo = _outcomes("r_solo", r_solo, len(joint))
-    groups = _group_ids(group_ids, len(joint))
-    role = np.asarray(roles, dtype=object)
-    if role.shape != joint.shape or not np.isin(role, ROLES).all():
-        raise ValueError(f"roles: expected {len(joint)} of {ROLES}, one per episode; got {list(role)[:4]}...")
-    if credit == "ccpo":
-        baseline = group_solo_baseline(solo, groups) if args["group_baseline"] else solo
-        thinker, solver = ccpo_rewards(joint, baseline, bonus=args["bonus"], lam=args["lam"])
-    elif credit == "sepo":
-        if thinker_splits is None or solver_splits is None:
-            raise ValueError("credit='sepo': expected thinker_splits and solver_splits, an (n, 2) split per episode each")
-        thinker, solver = sepo_rewards(
-            joint, thinker_splits, solver_splits, groups, args["eta"], args["credit_weight"], args["blame_weight"]
+    name = "ccpo"
+
+    def __init__(self, bonus: str = BONUS, lam: float = THINKER_BONUS_WEIGHT, group_baseline: bool = True) -> None:
+        if bonus not in BONUS_FORMS:
+            raise ValueError(f"bonus={bonus!r}: expected one of {', '.join(BONUS_FORMS)}")
+        self.bonus = bonus
+        self.lam = options.number("lam", lam, 0)
+        self.group_baseline = options.flag("group_baseline", group_baseline)
+
+    def pay(self, batch: EpisodeBatch, joint: np.ndarray, solo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        baseline = group_solo_baseline(solo, batch.group_ids) if self.group_baseline else solo
+        return ccpo_rewards(joint, baseline, bonus=self.bonus, lam=self.lam)
+
+
+class SEPORule(RoleCreditRule):
+    """SEPO (`sepo_rewards`): each role paid R shifted by its centred share of the credit, from the splits both roles
+    wrote (extras['thinker_split'] and extras['solver_split']: a (Thinker share, Solver share) row per episode)."""
+
+    name = "sepo"
+    batch_needs = (*RoleCreditRule.batch_needs, *(f"extras[{key!r}]" for key in SPLIT_EXTRAS))
+
+    def __init__(
+        self, eta: float = SELF_WEIGHT, credit_weight: float = SEPO_CREDIT_WEIGHT, blame_weight: float = SEPO_BLAME_WEIGHT
+    ) -> None:
+        self.eta = options.number("eta", eta, 0, 1)
+        self.credit_weight = options.number("credit_weight", credit_weight, 0)
+        self.blame_weight = options.number("blame_weight", blame_weight, 0)
+
+    def pay(self, batch: EpisodeBatch, joint: np.ndarray, solo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        thinker_splits, solver_splits = (batch.extras[key] for key in SPLIT_EXTRAS)
+        return sepo_rewards(
+            joint, thinker_splits, solver_splits, batch.group_ids, self.eta, self.credit_weight, self.blame_weight
         )
-    elif credit == "shapley":
-        thinker, solver = shapley_credit(joint, solo)
-    else:
-        thinker, solver = joint, joint
-    return np.where(role == "thinker", thinker, solver)
+
+
+class ShapleyRule(RoleCreditRule):
+    """The Shapley form (`shapley_credit`) with the row's own R_solo (the reference pairs joint rollout k with solo
+    rollout k): the two roles' rewards sum to R_joint."""
+
+    name = "shapley"
+
+    def pay(self, batch: EpisodeBatch, joint: np.ndarray, solo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return shapley_credit(joint, solo)

@@ -9,10 +9,13 @@ the Gymnasium spaces alone.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 from gymnasium import spaces
+
+if TYPE_CHECKING:
+    from vcbm_gym.credit.base import EpisodeBatch
 
 
 @runtime_checkable
@@ -103,6 +106,24 @@ class TransitionFeaturizer:
             self.observation_space, np.asarray(next_observations), lead
         )
         return np.concatenate([features, change], axis=-1)
+
+
+def prefix_steps(batch: EpisodeBatch, rule: str) -> tuple[np.ndarray, Callable[[Any], np.ndarray]]:
+    """A featurizer's view of an EpisodeBatch whose real steps are a prefix of each row: (each episode's length,
+    `real(values)`: a (B, T, ...) field whose padding takes the first step's values, valid in any space). A batch
+    without observations and actions, or with steps after padding, is a ValueError naming `rule`."""
+    if batch.observations is None or batch.actions is None:
+        raise ValueError(f"{rule} needs batch.observations (B, T, ...) and batch.actions (B, T, ...)")
+    lengths = batch.mask.sum(axis=1)
+    if not np.array_equal(batch.mask, np.arange(batch.mask.shape[1])[None, :] < lengths[:, None]):
+        raise ValueError(f"{rule} expects each episode's real steps to be a prefix of its row (mask)")
+
+    def real(values: Any) -> np.ndarray:
+        values = np.asarray(values)
+        keep = batch.mask.reshape(batch.mask.shape + (1,) * (values.ndim - 2))
+        return np.where(keep, values, values[:, :1])
+
+    return lengths, real
 
 
 def is_per_transition(featurizer: object) -> bool:

@@ -43,6 +43,11 @@ RULES: dict[str, str] = {
     "rrd": "vcbm_gym.credit.rrd:RRDRule",
     "vineppo": "vcbm_gym.credit.vineppo:VinePPORule",
     "rice": "vcbm_gym.credit.rice:RICERule",
+    # two-role rules: each row paid its role's reward (only the two-role LLM arm, --algo ccpo, fills their batch
+    # extras); that arm's baseline, both roles paid the shared reward, is `grpo` above
+    "ccpo": "vcbm_gym.credit.ccpo:CCPORule",
+    "sepo": "vcbm_gym.credit.ccpo:SEPORule",
+    "shapley": "vcbm_gym.credit.ccpo:ShapleyRule",
 }
 
 HOW_TO_REGISTER = (

@@ -63,7 +63,13 @@ from torch import nn
 
 import vcbm_gym.credit.options as options
 from vcbm_gym.credit.base import EpisodeBatch, RewardRule
-from vcbm_gym.credit.features import Featurizer, TransitionFeaturizer, episode_featurizer, is_per_transition
+from vcbm_gym.credit.features import (
+    Featurizer,
+    TransitionFeaturizer,
+    episode_featurizer,
+    is_per_transition,
+    prefix_steps,
+)
 from vcbm_gym.credit.model_training import AdamState, LessonBuffer, adam_step, learned_rule_config
 
 DTYPES = ("float64", "float32")
@@ -259,17 +265,7 @@ class RRDRule(RewardRule):
         return self.stats.steps > 0
 
     def _features(self, batch: EpisodeBatch) -> tuple[np.ndarray, np.ndarray]:
-        if batch.observations is None or batch.actions is None:
-            raise ValueError("RRDRule needs batch.observations (B, T, ...) and batch.actions (B, T, ...)")
-        lengths = batch.mask.sum(axis=1)
-        if not np.array_equal(batch.mask, np.arange(batch.mask.shape[1])[None, :] < lengths[:, None]):
-            raise ValueError("RRDRule expects each episode's real steps to be a prefix of its row (mask)")
-
-        def real(values: np.ndarray) -> np.ndarray:  # padding takes the first step's values (valid in any space)
-            values = np.asarray(values)
-            keep = batch.mask.reshape(batch.mask.shape + (1,) * (values.ndim - 2))
-            return np.where(keep, values, values[:, :1])
-
+        lengths, real = prefix_steps(batch, "RRDRule")
         inputs = [real(batch.observations), real(batch.actions)]
         if getattr(self.featurizer, "uses_next_observations", False):
             inputs.append(real(batch.extras["next_observations"]))

@@ -58,7 +58,7 @@ from torch import nn
 
 import vcbm_gym.credit.options as options
 from vcbm_gym.credit.base import EpisodeBatch, RewardRule
-from vcbm_gym.credit.features import Featurizer, episode_featurizer
+from vcbm_gym.credit.features import Featurizer, episode_featurizer, prefix_steps
 from vcbm_gym.credit.model_training import (  # noqa: F401 (also imported from here)
     AdamState,
     LessonBuffer,
@@ -360,17 +360,7 @@ class RudderRule(RewardRule):
         return self.training_events > 0
 
     def _features(self, batch: EpisodeBatch) -> tuple[np.ndarray, np.ndarray]:
-        if batch.observations is None or batch.actions is None:
-            raise ValueError("RudderRule needs batch.observations (B, T, ...) and batch.actions (B, T, ...)")
-        lengths = batch.mask.sum(axis=1)
-        if not np.array_equal(batch.mask, np.arange(batch.mask.shape[1])[None, :] < lengths[:, None]):
-            raise ValueError("RudderRule expects each episode's real steps to be a prefix of its row (mask)")
-
-        def real(values: np.ndarray) -> np.ndarray:  # padding takes the first step's values (valid in any space)
-            values = np.asarray(values)
-            keep = batch.mask.reshape(batch.mask.shape + (1,) * (values.ndim - 2))
-            return np.where(keep, values, values[:, :1])
-
+        lengths, real = prefix_steps(batch, "RudderRule")
         features = self.featurizer(real(batch.observations), real(batch.actions))
         if features.shape[:2] != batch.mask.shape or features.shape[2] != self.model.cell_input.in_features:
             raise ValueError(

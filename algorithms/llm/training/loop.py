@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from algorithms.common.credit_slot import credit_of
-from algorithms.llm.config import LLM_CREDIT, LoopConfig, credit_slot
+from algorithms.llm.config import LoopConfig, credit_slot
 from algorithms.llm.generation.rollout import Episode
 from algorithms.llm.training.batch import context_keys, gather_episode_batch
 from algorithms.llm.training.branches import BranchContinuations
@@ -62,7 +62,9 @@ class LoopTrainer(BranchContinuations, MultiTurnGRPOTrainer):
     def __init__(self, model, args: LoopConfig, *trainer_args, credit_rule: CreditRule | None = None, **trainer_kwargs) -> None:
         """As MultiTurnGRPOTrainer; `args` carries the LOOP settings and names the credit rule (`credit`,
         `credit_kwargs`). `credit_rule`: that rule as the run built it (algorithms.llm.resolve); built here if None."""
-        self.credit_rule = credit_slot(args.credit, args.credit_kwargs).build(LLM_CREDIT) if credit_rule is None else credit_rule
+        if credit_rule is None:
+            credit_rule = credit_slot(args.credit, args.credit_kwargs).build(args.CREDIT_FIT)
+        self.credit_rule = credit_rule
         self._pending_observe: EpisodeBatch | None = None
         self._grad_norms: deque[float] = deque(maxlen=args.outlier_grad_window)
         self.outlier_grad_events = 0

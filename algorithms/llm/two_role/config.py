@@ -2,8 +2,10 @@
 of a two-role credit rule (CCPO, SEPO, the Shapley form, or plain GRPO on the shared reward; docs/papers/ccpo.md).
 
 `TwoRoleConfig` is LoopConfig with:
-- `credit`: one of vcbm_gym.credit.ccpo.TWO_ROLE_CREDITS (not a rule of the RULES table), its arguments under
-  `credit_kwargs: {ccpo: {bonus: event | difference, lam: 0.2, group_baseline: true}}` or
+- `credit`: a rule of the credit registry that fits the two-role trainer (`TWO_ROLE_CREDIT`, checked as every arm's
+  rule is: algorithms/common/credit_slot.py): the two-role rules `ccpo`, `sepo`, `shapley` (vcbm_gym/credit/ccpo.py)
+  and `grpo`, both roles paid the shared reward (the baseline), or another rule that needs only the prompt groups;
+  its arguments under `credit_kwargs: {ccpo: {bonus: event | difference, lam: 0.2, group_baseline: true}}` or
   `{sepo: {eta: 0.3, credit_weight: 0.2, blame_weight: 0.2}}`;
 - `role_schedule`: `alternate` (the reference's: one role trained at a time, switching every `switch_every`
   iterations, the Thinker first) or `both` (every iteration trains both roles: the batch's task groups alternate
@@ -15,44 +17,45 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from algorithms.llm.config import LoopConfig
-from vcbm_gym.credit.ccpo import TWO_ROLE_CREDITS, credit_arguments
+from algorithms.common.credit_slot import CreditFit
+from algorithms.llm.config import LLM_CREDIT, LoopConfig
+from vcbm_gym.credit.ccpo import ROLE_EXTRAS, SPLIT_EXTRAS
 
 TWO_ROLE_DEFAULT = "ccpo"
+# What the two-role trainer gives a credit rule (algorithms/llm/two_role/trainer.py): each row's prompt group and its
+# role's inputs in the batch's extras (every rollout's credit splits, which it asks for under a rule that reads them),
+# the shared reward R_joint on the row's last token; it takes advantages, through LOOP's loss. No other batch field
+# or env info key: its rows are single turns of plays it runs itself, so a rule that reads turns, texts or branches
+# is refused. `grpo` without std is the baseline of the paper (both roles paid R_joint, as CCPO trains each role).
+TWO_ROLE_CREDIT = CreditFit(
+    arm="ccpo (two-role LLM)",
+    learner="the two-role trainer (its PPO-clip loss reads advantages; it has no critic to take rewards)",
+    batch_provides=frozenset({"group_ids", *(f"extras[{key!r}]" for key in (*ROLE_EXTRAS, *SPLIT_EXTRAS))}),
+    info_provides=frozenset(),
+    consumes=LLM_CREDIT.consumes,
+    rule_defaults={"grpo": {"normalise_std": False}},
+    own_credit=False,
+)
 ROLE_SCHEDULES = ("alternate", "both")
 SWITCH_EVERY = 10  # the reference's: the trained role switches every 10 steps
 
 
 @dataclass
 class TwoRoleConfig(LoopConfig):
-    RULE_CREDIT = False  # `credit` names a two-role rule (vcbm_gym.credit.ccpo), built by the trainer itself
+    CREDIT_FIT = TWO_ROLE_CREDIT
 
-    credit: str = field(default=TWO_ROLE_DEFAULT, metadata={"help": f"two-role credit, one of {TWO_ROLE_CREDITS}"})
+    credit: str = field(default=TWO_ROLE_DEFAULT, metadata={"help": "credit rule name (vcbm_gym.credit.registry)"})
     role_schedule: str = field(default="alternate", metadata={"help": f"one of {ROLE_SCHEDULES}"})
     switch_every: int = field(default=SWITCH_EVERY, metadata={"help": "iterations per role (role_schedule: alternate)"})
 
     def check_credit(self) -> None:
-        if not isinstance(self.credit_kwargs, dict):
-            raise ValueError(f"credit_kwargs={self.credit_kwargs!r}: expected rule name -> mapping of its arguments")
-        for name, kwargs in self.credit_kwargs.items():
-            if name not in TWO_ROLE_CREDITS or not isinstance(kwargs, dict):
-                raise ValueError(
-                    f"credit_kwargs[{name!r}]={kwargs!r}: expected rule name -> mapping of its arguments, "
-                    f"rule names: {', '.join(TWO_ROLE_CREDITS)}"
-                )
-            credit_arguments(name, kwargs)
-        credit_arguments(self.credit, self.credit_kwargs.get(self.credit))
+        super().check_credit()
         if self.role_schedule not in ROLE_SCHEDULES:
             raise ValueError(f"role_schedule={self.role_schedule!r}: expected one of {', '.join(ROLE_SCHEDULES)}")
         if isinstance(self.switch_every, bool) or not isinstance(self.switch_every, int) or self.switch_every < 1:
             raise ValueError(f"switch_every={self.switch_every!r}: expected an integer >= 1 (iterations per role)")
         if self.ratio_sharing != "none":
             raise ValueError(f"ratio_sharing={self.ratio_sharing!r} for ccpo: expected none (a row holds one turn)")
-
-    @property
-    def credit_args(self) -> dict:
-        """The run's rule's arguments, defaults filled in."""
-        return credit_arguments(self.credit, self.credit_kwargs.get(self.credit))
 
 
 def role_of_iteration(iteration: int, schedule: str, switch_every: int) -> str:

@@ -2,11 +2,11 @@
 
     python -m algorithms.train --algo ccpo --env TextThinkSolve-v0 --credit sepo --model tiny --iterations 3
 
-`--credit` names a two-role rule (vcbm_gym.credit.ccpo.TWO_ROLE_CREDITS): `ccpo` (the default; event bonus, or
-`credit_kwargs: {ccpo: {bonus: difference}}`), `sepo`, `shapley`, or `grpo` (both roles paid the shared reward: the
-baseline). `--objective` picks the base objective as for loop; `--role-schedule alternate|both` and `--switch-every N`
-the roles' schedule (two_role_config.py). Everything else (model, budget, checkpoints, several processes) is the LLM
-arm's (algorithms/llm/runner.py).
+`--credit` names a rule of the credit registry that the two-role trainer takes (two_role/config.py's `TWO_ROLE_CREDIT`,
+checked as every arm's is): `ccpo` (the default; event bonus, or `credit_kwargs: {ccpo: {bonus: difference}}`), `sepo`,
+`shapley`, or `grpo` (both roles paid the shared reward: the baseline). `--objective` picks the base objective as for
+loop; `--role-schedule alternate|both` and `--switch-every N` the roles' schedule (two_role/config.py). Everything
+else (model, budget, checkpoints, several processes) is the LLM arm's (algorithms/llm/runner.py).
 """
 
 from __future__ import annotations
@@ -15,23 +15,21 @@ import argparse
 from typing import Any
 
 from algorithms.common.config import make_env
+from algorithms.common.credit_slot import CreditFit
 from algorithms.common.errors import ConfigError
 from algorithms.common.spec import RunSpec
 from algorithms.llm.runner import LLMArm, check_model, check_system_prompt
-from algorithms.llm.two_role.config import ROLE_SCHEDULES, TWO_ROLE_DEFAULT
-from vcbm_gym.credit.ccpo import TWO_ROLE_CREDITS
+from algorithms.llm.two_role.config import ROLE_SCHEDULES, TWO_ROLE_CREDIT, TWO_ROLE_DEFAULT
 
 
 class TwoRoleArm(LLMArm):
-    """The LLM arm's `ccpo`: its credit is a two-role rule, not a rule of the RULES table."""
+    """The LLM arm's `ccpo`: its rules are those that fit the two-role trainer (`TWO_ROLE_CREDIT`)."""
 
-    def credit_misfit(self, name: str, algo: str | None = None) -> str | None:
-        if name in TWO_ROLE_CREDITS:
-            return None
-        return f"credit rule {name!r} for ccpo: expected one of the two-role rules {', '.join(TWO_ROLE_CREDITS)}"
+    batch_provides = TWO_ROLE_CREDIT.batch_provides
+    info_provides = TWO_ROLE_CREDIT.info_provides
 
-    def credit_rules(self, algo: str | None = None) -> tuple[str, ...]:
-        return TWO_ROLE_CREDITS
+    def credit_fit(self, algo: str | None = None) -> CreditFit:
+        return TWO_ROLE_CREDIT
 
     def default_credit(self, algo: str) -> str:
         return TWO_ROLE_DEFAULT

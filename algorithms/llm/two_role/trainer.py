@@ -1,5 +1,5 @@
-"""Two roles of one model in the LLM arm (`--algo ccpo`): a Thinker writes a note, a Solver answers, and a two-role
-credit rule (CCPO, SEPO, the Shapley form, or plain GRPO on the shared reward) pays each role (docs/papers/ccpo.md;
+"""Two roles of one model in the LLM arm (`--algo ccpo`): a Thinker writes a note, a Solver answers, and a credit rule
+of the registry (CCPO, SEPO, the Shapley form, or plain GRPO on the shared reward) pays each role (docs/papers/ccpo.md;
 Z. Li et al., arXiv 2603.21563, reference code bhai114/ccpo).
 
 One model plays both roles; the role prompt is the env's observation ("Role: Thinker. ..." or "Role: Solver. ...",
@@ -14,10 +14,12 @@ never sees the Thinker's prompt (the record), only the note in its own prompt. P
 All three are generated for every rollout of the iteration; the rows TRL trains (one per rollout, as TRL's batch
 holds) are the trained role's turns (`TwoRoleConfig.role_schedule`: the Thinker's notes for `switch_every`
 iterations, then the Solver's joint answers, and so on; or under `both` the task groups alternating between the
-roles). Solo answers are never trained. `TwoRoleTrainer.token_advantages` puts each row's role reward
-(vcbm_gym.credit.ccpo.role_rewards) on the row's last generated token and hands the batch to the `grpo` rule without
-std normalisation, over every process's rows: GRPO's advantage r_k - mean of its task group, on every generated token
-of the row. The loss is LoopTrainer's, under the run's `objective` (ppo_clip, gspo or reinforce_pp); no KL.
+roles). Solo answers are never trained. `TwoRoleTrainer.token_advantages` puts the shared reward R_joint on each row's
+last generated token and hands the batch, with each row's role, outcomes and splits in its extras, over every process's
+rows, to the run's rule (`TWO_ROLE_CREDIT` says what fits): a two-role rule (vcbm_gym/credit/ccpo.py) pays each row its
+role's reward and gives GRPO's advantage without std, r_k - mean of its task's rows of that role, on every generated
+token of the row; `grpo` (without std here) does the same with R_joint for both roles. The loss is LoopTrainer's,
+under the run's `objective` (ppo_clip, gspo or reinforce_pp); no KL.
 
 Metrics per iteration (history.json, TensorBoard `loop/`): `task_goal_completion` and `mean_return` of the joint
 episodes (all rollouts), `solo_task_goal_completion`, `thinker_help` (joint minus solo success), `thinker_rows`
@@ -35,9 +37,8 @@ from typing import Any, Callable, Sequence
 import gymnasium as gym
 import numpy as np
 
-from algorithms.common.credit_slot import CreditSlot, credit_of
+from algorithms.common.credit_slot import credit_of
 from algorithms.common.errors import VcbmGymError
-from algorithms.llm.config import LLM_CREDIT
 from algorithms.llm.generation.prompting import WITH_ONE_SHOT
 from algorithms.llm.generation.rollout import Episode, _take_turn, prompt_episodes, render
 from algorithms.llm.training.batch import gather_episode_batch
@@ -45,7 +46,7 @@ from algorithms.llm.training.loop import LoopTrainer
 from algorithms.llm.training.loss import global_normalized_advantages
 from algorithms.llm.two_role.config import TwoRoleConfig, role_of_iteration, row_roles
 from vcbm_gym.credit.base import EpisodeBatch
-from vcbm_gym.credit.ccpo import parse_credit_split, role_rewards
+from vcbm_gym.credit.ccpo import ROLE_EXTRAS, SPLIT_EXTRAS, RoleCreditRule, parse_credit_split
 
 # SEPO: after the joint turns, each role is asked (in its own conversation) for its split of the credit, parsed
 # by vcbm_gym.credit.ccpo.parse_credit_split; the task's own prompts stay as they are
@@ -55,7 +56,7 @@ RATING_REQUEST = (
     "(0.1, 0.9)."
 )
 # the per-row inputs of the role rewards, in EpisodeBatch.extras (gathered with the batch over processes)
-EXTRAS = ("role", "r_joint", "r_solo", "thinker_split", "solver_split")
+EXTRAS = (*ROLE_EXTRAS, *SPLIT_EXTRAS)
 
 
 @dataclass
@@ -194,30 +195,17 @@ def rate_splits(generation: Callable[[], Callable], tokenizer, thinker: list[Epi
     return texts["thinker"], texts["solver"]
 
 
-def role_reward_batch(batch: EpisodeBatch, credit: str, credit_args: dict[str, Any]) -> EpisodeBatch:
-    """`batch` (its extras holding EXTRAS per row) with each row's role reward on its last generated token and a
-    group per (task, role): the input of the `grpo` rule (docs/papers/ccpo.md: "the reward on the role's last
-    token")."""
-    extras = batch.extras
-    sepo = credit == "sepo"
-    reward = role_rewards(
-        credit,
-        extras["role"],
-        extras["r_joint"],
-        extras["r_solo"],
-        batch.group_ids,
-        extras["thinker_split"] if sepo else None,
-        extras["solver_split"] if sepo else None,
-        **credit_args,
-    )
+def shared_reward_batch(batch: EpisodeBatch) -> EpisodeBatch:
+    """`batch` (its extras holding EXTRAS per row) with the shared reward R_joint on each row's last generated token
+    (docs/papers/ccpo.md: "the reward on the role's last token"): the rule's input. A two-role rule pays each row its
+    role's reward from the extras; `grpo` pays both roles R_joint. A task group's rows are all of one role under
+    either schedule (`row_roles`), so a group baseline over the task group is one over the task's rows of that role."""
     rewards = np.zeros(batch.rewards.shape)
-    for b in range(len(rewards)):
+    for b, r_joint in enumerate(batch.extras["r_joint"]):
         generated = np.flatnonzero(batch.mask[b])
         if len(generated):
-            rewards[b, generated[-1]] = reward[b]
-    keys = [f"{g}:{r}" for g, r in zip(batch.group_ids, extras["role"])]
-    groups = np.unique(np.array(keys), return_inverse=True)[1].reshape(-1)
-    return dataclasses.replace(batch, rewards=rewards, group_ids=groups)
+            rewards[b, generated[-1]] = r_joint
+    return dataclasses.replace(batch, rewards=rewards)
 
 
 class TwoRoleTrainer(LoopTrainer):
@@ -226,11 +214,9 @@ class TwoRoleTrainer(LoopTrainer):
     def __init__(self, model, args: TwoRoleConfig, *trainer_args, **trainer_kwargs) -> None:
         if not isinstance(args, TwoRoleConfig):
             raise TypeError(f"args: expected a TwoRoleConfig, got {type(args).__name__}")
-        # GRPO's group advantage without std normalisation, as CCPO and SEPO train each role (Li et al., arXiv 2603.21563)
-        grpo = CreditSlot("grpo", {"grpo": {"normalise_std": False}}).build(LLM_CREDIT)
         self._row_extras: dict[str, list] = {}
         self._play: TwoRolePlay | None = None
-        super().__init__(model, args, *trainer_args, credit_rule=grpo, **trainer_kwargs)
+        super().__init__(model, args, *trainer_args, **trainer_kwargs)
         reset_options = self._envs(1)[0].metadata.get("reset_options", ())
         if "solo" not in reset_options:
             raise VcbmGymError(
@@ -253,7 +239,7 @@ class TwoRoleTrainer(LoopTrainer):
             self.args.one_shot,
             self._system_prompt,
             self.episode_token_bound,
-            request_split=self.args.credit == "sepo",
+            request_split=any(f"extras[{key!r}]" in self.credit_rule.needs() for key in SPLIT_EXTRAS),
         )
         thinker_splits, solver_splits, parsed = play.splits()
         rows = [play.thinker[k] if r == "thinker" else play.joint[k] for k, r in enumerate(roles)]
@@ -276,17 +262,19 @@ class TwoRoleTrainer(LoopTrainer):
         }
 
     def token_advantages(self, batch: EpisodeBatch) -> np.ndarray:
-        """(B, T) advantages of this process's rows: each row's role reward (`role_reward_batch`, over all processes'
-        rows) through GRPO without std, then REINFORCE++'s global normalisation under that objective."""
+        """(B, T) advantages of this process's rows: the rule's credit for every process's rows (`shared_reward_batch`;
+        a two-role rule's role rewards through GRPO without std), then REINFORCE++'s global normalisation under that
+        objective."""
         batch = dataclasses.replace(batch, extras={**batch.extras, **self._row_extras})
         full, start = gather_episode_batch(self.accelerator, batch)
-        full = role_reward_batch(full, self.args.credit, self.args.credit_args)
+        full = shared_reward_batch(full)
         self._pending_observe = full
         advantages = credit_of(self.credit_rule, full)
         if self.args.objective == "reinforce_pp":
             advantages = global_normalized_advantages(advantages, full.mask)
         rows = slice(start, start + batch.batch_size)
-        self._iter_stats["mean_role_reward"] = float(full.returns.mean()) if full.batch_size else 0.0
+        role_rewards = self.credit_rule.role_rewards(full) if isinstance(self.credit_rule, RoleCreditRule) else full.returns
+        self._iter_stats["mean_role_reward"] = float(role_rewards.mean()) if full.batch_size else 0.0
         self._iter_stats["thinker_rows"] = float(np.mean([r == "thinker" for r in full.extras["role"]]))
         return advantages[rows, : batch.rewards.shape[1]]
 
