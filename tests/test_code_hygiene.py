@@ -17,9 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 LIBRARY = ("algorithms", "envs", "vcbm_gym")
 MAX_LIBRARY_LINES = 500
 # path (from the repository root) -> why it may be longer: only a file whose excess is a table of data
-LONG_DATA_TABLES = {
-    "vcbm_gym/contract.py": "INFO_KEYS, the info-key table (~80 lines of data), is the env contract itself",
-}
+LONG_DATA_TABLES: dict[str, str] = {}  # none: the contract's info-key table lives in vcbm_gym/info_keys.py
 
 # Phrases that narrate history rather than explain. A capitalised word before "issue N" cites another project's
 # tracker (e.g. "Gymnasium issue #94"), which is a reference, not history.
