@@ -220,3 +220,11 @@ def test_your_own_spec_runs_and_reports_its_verdict_rows_beside_the_zoos(tmp_pat
     clash = _write_spec(tmp_path / "clash.yml", claims={"vcbm-table2": own["mine-vcbm-vs-mc"]})
     assert engine.main(["verdicts", "--spec", str(clash)]) == 2
     assert "already a claim of the zoo" in capsys.readouterr().err
+
+
+def test_list_says_where_each_experiments_results_stand(capsys):
+    assert engine.main(["list"]) == 0
+    rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert set(rows) == set(specs.spec_names())
+    assert " predates-spec " in rows["table2"] and " registered " in rows["vcbm_plus"]
+    assert " no results " in rows["tabular_baselines"]

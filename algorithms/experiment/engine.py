@@ -65,7 +65,7 @@ def cmd_list(_: argparse.Namespace) -> None:
     for name in specs.spec_names():
         spec = specs.load_spec(name)
         claims = ", ".join(dict.fromkeys(c.claim for c in spec.comparisons)) or "-"
-        state = verdict.score(spec)["status"]
+        state = verdict.status(spec)
         print(f"{name:36s} {spec.kind:8s} {state:14s} {spec.title} [claims: {claims}]")
 
 

@@ -108,14 +108,26 @@ def _compare_estimates(x: measures.Estimate, y: measures.Estimate, higher_is_bet
     return {"treatment_estimate": vars(x), "control_estimate": vars(y), "verdict": verdict}
 
 
+def found_results(spec: specs.ExperimentSpec, path: Path | None = None) -> Path | None:
+    """Where the spec's results are (the committed ones unless `path` names others), or None where there are none."""
+    where = results_path(spec, path)
+    if where is None or not where.exists():
+        return None
+    if where.is_dir() and not (where / spec.run.get("results_file", "results.json")).is_file():
+        return None
+    return where
+
+
+def status(spec: specs.ExperimentSpec) -> str:
+    """The committed results' registration status (specs.registration), without scoring them."""
+    where = found_results(spec)
+    return "no results" if where is None else specs.registration(spec, where)["status"]
+
+
 def score(spec: specs.ExperimentSpec, path: Path | None = None) -> dict[str, Any]:
     """Every comparison of the spec scored on its results (the committed ones unless `path` names others)."""
-    where = results_path(spec, path)
-    if (
-        where is None
-        or not where.exists()
-        or (where.is_dir() and not (where / spec.run.get("results_file", "results.json")).is_file())
-    ):
+    where = found_results(spec, path)
+    if where is None:
         return {"experiment": spec.name, "status": "no results", "comparisons": []}
     record = specs.registration(spec, where)
     document = load_results(spec, where)
