@@ -326,7 +326,7 @@ def summarise_method(runs: list[list[dict]], window: int) -> dict[str, Any]:
     (censored at the budget) and the final rate, per seed."""
     rates = np.array([[h.get("task_goal_completion", np.nan) for h in run] for run in runs], dtype=float)
     hits = [iterations_to_target(rates[k], window) for k in range(len(runs))]
-    return {
+    summary = {
         "seeds": len(runs),
         "curves": {"task_goal_completion": dict(zip(("mean", "low", "high"), mean_ci(rates)))},
         "iterations_to_90": [n for n, _ in hits],
@@ -334,6 +334,17 @@ def summarise_method(runs: list[list[dict]], window: int) -> dict[str, Any]:
         "final_optimal_rate": [float(r[-window:].mean()) for r in rates],
         "seconds_per_iteration": float(np.mean([h["iteration_time_s"] for run in runs for h in run])),
     }
+    coverage = [[h["empo_cell_coverage"] for h in run if "empo_cell_coverage" in h] for run in runs]
+    if all(coverage):
+        summary["empo_cell_coverage"] = [float(np.mean(c)) for c in coverage]
+    return summary
+
+
+def cell_coverage_cell(method: dict[str, Any]) -> str:
+    """EMPO's cell coverage (the share of responses in an effect cell of two or more, its paper's statistic), mean over
+    iterations and seeds, with the per-seed range; "-" for a method without ratio sharing."""
+    per_seed = method.get("empo_cell_coverage")
+    return f"{np.mean(per_seed):.3f} ({min(per_seed):.3f}-{max(per_seed):.3f})" if per_seed else "-"
 
 
 def method_rows(results: dict[str, Any], window: int, noise: bool = False) -> list[str]:
@@ -348,6 +359,8 @@ def method_rows(results: dict[str, Any], window: int, noise: bool = False) -> li
         f"final optimal rate (mean of last {window})",
         "s / iteration",
     ]
+    coverage = any("empo_cell_coverage" in m for r in results.values() for m in r["methods"].values())
+    columns += ["EMPO cell coverage (mean, seed range)"] if coverage else []
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for name, r in results.items():
         for label, m in r["methods"].items():
@@ -360,6 +373,7 @@ def method_rows(results: dict[str, Any], window: int, noise: bool = False) -> li
                 per_seed,
                 f"{np.mean(m['final_optimal_rate']):.3f}",
                 f"{m['seconds_per_iteration']:.2f}",
+                *([cell_coverage_cell(m)] if coverage else []),
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return lines
