@@ -5,15 +5,18 @@
     python benchmarks/ccpo_learning.py --estimate                               # the budget, without running
 
 Each (method, seed) is one `python -m algorithms.train --algo ccpo --credit METHOD` run of the warm-started tiny
-model (`--model tiny`, full fine-tuning) on TextThinkSolve-v0 with `rule: brand` (envs/text_think_solve.py: the
-Thinker sees the watch's record and writes a note, the Solver sees only the note and answers repair() or skip();
-under `rule: brand` the brand alone decides, as in TextWatchRepair; the verifier scores +1 / -1, no noise), with
+model (`--model tiny`, full fine-tuning; on TextThinkSolve-v0 the warm-start that also writes SEPO's rating,
+algorithms/llm/two_role/warm_start.py, the same start for every method) on TextThinkSolve-v0 with `rule: brand`
+(envs/text_think_solve.py: the Thinker sees the watch's record and writes a note, the Solver sees only the note and
+answers repair() or skip(); under `rule: brand` the brand alone decides, as in TextWatchRepair; the verifier scores
++1 / -1, no noise), with
 the zoo entry (zoo_configs/ccpo.yml) and the hyperparameters below, the same for every method, so that only the
 credit differs (docs/papers/ccpo.md; algorithms/llm/two_role/trainer.py):
 - `grpo`: both roles paid the shared R_joint (the baseline);
 - `ccpo`: the Thinker paid R_joint + 0.2 x (helped - hurt) against the group's solo baseline, the Solver R_joint;
 - `sepo`: each role's reward shifted by its centred share of the credit, from the splits both roles write
-  (a split that cannot be read falls back to (0.5, 0.5): then SEPO is `grpo`; `split_parse_rate` says how often);
+  (a split that cannot be read falls back to (0.5, 0.5): then SEPO is `grpo`; the table's split parse rate, of all
+  ratings, the Thinker's and the Solver's, says how often one was read; the other methods ask for none);
 - `shapley`: the Thinker paid (R_joint - R_solo) / 2, the Solver R_solo / 2 + R_joint / 2.
 Every run: 32 rollouts per iteration (8 tasks x K = 4; each rollout a note, a joint answer and a solo answer),
 2 epochs, lr 5e-4, 130 iterations, the roles alternating every 10 iterations (Thinker first), objective ppo_clip, GRPO advantages
@@ -91,7 +94,8 @@ HYPERPARAMS = (
     "num_iterations=2",
     "learning_rate=5.0e-4",
 )
-CURVES = ("task_goal_completion", "solo_task_goal_completion", "thinker_help", "mean_return", "split_parse_rate")
+PARSE_RATES = ("split_parse_rate", "thinker_split_parse_rate", "solver_split_parse_rate")  # all ratings, each role's
+CURVES = ("task_goal_completion", "solo_task_goal_completion", "thinker_help", "mean_return", *PARSE_RATES)
 FINALS = {"final_success": "task_goal_completion", "final_help": "thinker_help"}
 
 
@@ -139,16 +143,27 @@ def comparisons(methods: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
+def _mean_over_iterations(curve: np.ndarray) -> float | None:
+    """The mean over every seed's iterations of a metric; None where no iteration has it (no rating was asked)."""
+    return None if np.isnan(curve).all() else float(np.nanmean(curve))
+
+
+def _parse_rates(m: dict) -> str:
+    if m["split_parse_rate"] is None:
+        return "not asked"
+    return " / ".join("n/a" if m.get(rate) is None else f"{m[rate]:.2f}" for rate in PARSE_RATES)
+
+
 def summarise(by_method: dict[str, list[list[dict]]], window: int) -> dict:
     methods: dict[str, dict] = {}
     for method, runs in by_method.items():
         curves = {m: np.array([[h.get(m, np.nan) for h in run] for run in runs], dtype=float) for m in CURVES}
         methods[method] = {
             "seeds": len(runs),
-            "curves": {m: dict(zip(("mean", "low", "high"), mean_ci(c))) for m, c in curves.items()},
+            "curves": {m: dict(zip(("mean", "low", "high"), mean_ci(c))) for m, c in curves.items() if not np.isnan(c).all()},
             **{final: [float(c[-window:].mean()) for c in curves[key]] for final, key in FINALS.items()},
             "first_success": [float(c[:window].mean()) for c in curves["task_goal_completion"]],
-            "split_parse_rate": float(np.nanmean(curves["split_parse_rate"])),
+            **{rate: _mean_over_iterations(curves[rate]) for rate in PARSE_RATES},
             "seconds_per_iteration": float(np.mean([h["iteration_time_s"] for run in runs for h in run])),
         }
     return {"methods": methods, "comparisons": comparisons(methods)}
@@ -176,13 +191,13 @@ def table(results: dict, window: int, iterations: int, wall_s: float | None = No
         f"### Two-role credit on {ENV_ID} ({iterations} iterations of 32 rollouts; finals over the last {window})",
         "",
         f"| method | seeds | success, first {window} | final success (95% CI) | final Thinker help (95% CI) "
-        "| split parse rate | s / iteration |",
+        "| split parse rate (all / Thinker / Solver) | s / iteration |",
         "|---|---|---|---|---|---|---|",
     ]
     for method, m in methods.items():
         lines.append(
             f"| {method} | {m['seeds']} | {np.mean(m['first_success']):.3f} | {_mean_ci(m['final_success'])} | "
-            f"{_mean_ci(m['final_help'])} | {m['split_parse_rate']:.2f} | {m['seconds_per_iteration']:.2f} |"
+            f"{_mean_ci(m['final_help'])} | {_parse_rates(m)} | {m['seconds_per_iteration']:.2f} |"
         )
     lines += [
         "",
@@ -199,7 +214,8 @@ def table(results: dict, window: int, iterations: int, wall_s: float | None = No
     lines.append(
         "Success: the Solver's decision with the Thinker's note is right (chance 0.5; the Solver alone cannot beat it). "
         "Thinker help: joint minus solo success in the same iteration. P(improvement) over grpo: percentile-bootstrap "
-        "95% CI; final = mean of the last iterations of each seed."
+        "95% CI; final = mean of the last iterations of each seed. Split parse rate: the share of the credit splits "
+        "(SEPO's ratings) that could be read, over every iteration; the rest fall back to (0.5, 0.5), GRPO's reward."
     )
     if wall_s is not None:
         lines.append(f"Wall time of this invocation: {wall_s / 60:.1f} minutes.")
@@ -273,7 +289,9 @@ def run(argv: Sequence[str]) -> dict[str, Any]:
     def final_success(history: list[dict]) -> str:
         return f"final success {np.mean([h['task_goal_completion'] for h in history[-args.window :]]):.2f}"
 
-    trained = train_reusing(jobs_of, args.workers, final_success)
+    from algorithms.llm.two_role.warm_start import two_role_warm_start
+
+    trained = train_reusing(jobs_of, args.workers, final_success, model_folder=two_role_warm_start)
     results = summarise(grouped(trained, ["tts"], METHODS)["tts"], args.window)
     payload = {
         "env": ENV_ID,

@@ -96,7 +96,7 @@ def method_env(method: str, env: str) -> str:
     return env.removeprefix("Episodic") if method == "sac-dense" else env
 
 
-def method_spec(method: str, env: str, steps: int, eval_every: int, learning_starts: int):
+def method_spec(method: str, env: str, steps: int, eval_every: int, learning_starts: int, engine: str = "sb3"):
     credit, settings = METHODS[method]
     overrides = {
         "credit": credit,
@@ -104,6 +104,7 @@ def method_spec(method: str, env: str, steps: int, eval_every: int, learning_sta
         "eval_every_steps": eval_every,
         "learning_starts": learning_starts,
         **settings,
+        **({"engine": engine} if engine != "sb3" else {}),  # the default left out: sb3 runs keep their config hash
     }
     spec = resolve_spec("sac", method_env(method, env), 0, overrides)
     get_arm("sac").validate(spec)  # the model built dry: a refused setting stops the benchmark before any worker starts
@@ -185,6 +186,8 @@ def measure(env: str, steps: int) -> dict[str, float]:
 def add_run_arguments(parser: argparse.ArgumentParser, seeds: int) -> None:
     """The per-run budget (this benchmark's and benchmarks/reward_fit.py's): seeds, steps, evaluation, warm-up, workers."""
     parser.add_argument("--seeds", type=int, default=seeds)
+    parser.add_argument("--seed-start", type=int, default=0, help="the first seed (seeds run from it upwards)")
+    parser.add_argument("--engine", choices=("sb3", "sbx"), default="sb3", help="SAC's engine (sbx: the `sbx` extra)")
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="env steps per run")
     parser.add_argument("--eval-every", type=int, default=DEFAULT_EVAL_EVERY)
     parser.add_argument("--learning-starts", type=int, default=DEFAULT_LEARNING_STARTS)
@@ -195,6 +198,8 @@ def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespac
     for name in ("seeds", "steps", "eval_every", "workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: expected an integer >= 1")
+    if args.seed_start < 0:
+        parser.error(f"--seed-start {args.seed_start}: expected an integer >= 0")
     if args.steps % args.eval_every or args.learning_starts >= args.steps:
         parser.error(f"--steps {args.steps}: expected a multiple of --eval-every ({args.eval_every}) above --learning-starts")
 
@@ -205,9 +210,10 @@ def method_jobs(args: argparse.Namespace, out: Path) -> dict[str, dict[str, list
     for env in args.envs:
         jobs_of[env] = {}
         for method in args.methods:
-            spec = method_spec(method, env, args.steps, args.eval_every, args.learning_starts)
+            spec = method_spec(method, env, args.steps, args.eval_every, args.learning_starts, args.engine)
             where = out / "runs" / env / method
-            jobs_of[env][method] = seed_jobs(method, spec, range(args.seeds), lambda s, w=where: w / f"seed{s}")
+            seeds = range(args.seed_start, args.seed_start + args.seeds)
+            jobs_of[env][method] = seed_jobs(method, spec, seeds, lambda s, w=where: w / f"seed{s}")
     return jobs_of
 
 

@@ -26,6 +26,7 @@ NEEDED = {
     "ContextMatch-v0": (),
     "LinearKeyToDoor-v0": (),
     "CreditTree-v0": (),
+    "Sokoban-v0": ("vcbm-loop", "--ratio-sharing effect"),
     **{env_id: () for env_id in vcbm_gym.DELAYED_ENV_IDS},
 }
 EVALUATION = {
@@ -36,6 +37,7 @@ EVALUATION = {
     "TextWatchRepair-v0": {"first_decision_optimal", "task_goal_completion", "is_decision_turn"},
     "TextWatchWorkshop-v0": {"first_decision_optimal", "task_goal_completion", "is_decision_turn"},
     "TextThinkSolve-v0": {"first_decision_optimal", "task_goal_completion", "is_decision_turn"},
+    "Sokoban-v0": {"task_goal_completion", "is_success"},
 }
 
 

@@ -266,3 +266,18 @@ def test_the_lock_refusal_names_the_command_refused(tmp_path):
     message = str(refused.value)
     assert "in use by another episodic_mujoco" in message and "run this episodic_mujoco with another --out" in message
     assert "compare or suite" not in message
+
+
+def test_the_benchmark_runs_its_seeds_from_seed_start_on_the_engine_asked_for(tmp_path, benchmark):
+    pytest.importorskip("mujoco")
+    pytest.importorskip("sbx")
+    argv = ["--envs", "EpisodicHopper-v5", "--methods", "sac", "sac+ircr", "--seeds", "2", "--seed-start", "400",
+            "--steps", "10000", "--engine", "sbx", "--out", str(tmp_path / "out")]  # fmt: skip
+    args = benchmark.parse_args(argv)
+    jobs = benchmark.method_jobs(args, tmp_path / "out")["EpisodicHopper-v5"]
+    for method, per_seed in jobs.items():
+        assert [job.spec.seed for job in per_seed] == [400, 401]
+        assert [job.log_dir.name for job in per_seed] == ["seed400", "seed401"]
+        assert all(job.spec.hyperparams["engine"] == "sbx" for job in per_seed), method
+    sb3 = benchmark.method_jobs(benchmark.parse_args(argv[:-4] + ["--out", str(tmp_path / "out")]), tmp_path / "out")
+    assert "engine" not in sb3["EpisodicHopper-v5"]["sac"][0].spec.hyperparams  # the default keeps earlier runs' hash

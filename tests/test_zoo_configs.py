@@ -9,8 +9,10 @@ import pytest
 
 from algorithms.common.config import ZOO_CONFIG_DIR, read_yaml, zoo_hyperparams
 from algorithms.common.errors import ConfigError
+from envs.textworld_express import GAMES
 
-LLM_ENVS = ("AppWorld-v0", "TextWatchRepair-v0", "TextWatchWorkshop-v0")
+TEXT_GAMES = (*(f"TextWorldExpress-{game}-v0" for game in GAMES), "TextWorldCooking-v0")
+LLM_ENVS = ("AppWorld-v0", "TextWatchRepair-v0", "TextWatchWorkshop-v0", "Sokoban-v0", *TEXT_GAMES)
 
 
 def _write(folder, name, text):

@@ -85,3 +85,25 @@ ENV_IDS = tuple(_ENVS)
 EPISODIC_MUJOCO_ENV_IDS = tuple(f"Episodic{base_id}" for base_id in _EPISODIC_MUJOCO)
 DELAYED_ENV_IDS = tuple(f"Delayed{base_id}" for base_id in _DELAYED)
 BSUITE_ENV_IDS = ("BSuite-v0", *BSUITE_IDS)
+
+# Sokoban as text (envs/sokoban.py): the EMPO paper's setting, 6 x 6 board, one box, 15 moves
+if "Sokoban-v0" not in registry:
+    register(id="Sokoban-v0", entry_point="envs.sokoban:SokobanEnv")
+ENV_IDS = (*ENV_IDS, "Sokoban-v0")
+
+# Text games (the `textworld` extra; envs/textworld_express.py, envs/textworld_game.py): TextWorldExpress's games,
+# TextWorldExpress-v0 with game= and one id per game (TextWorldExpress-coin-v0, ...), TextWorld game files and the
+# tw-cooking games TextWorld generates offline; registering them imports neither package.
+_TEXT_GAMES = {
+    "TextWorldExpress-v0": dict(entry_point="envs.textworld_express:TextWorldExpressEnv"),
+    **{
+        f"TextWorldExpress-{_game}-v0": dict(entry_point="envs.textworld_express:TextWorldExpressEnv", kwargs={"game": _game})
+        for _game in ("cookingworld", "twc", "coin", "mapreader", "arithmetic", "sorting", "simonsays", "peckingorder")
+    },
+    "TextWorld-v0": dict(entry_point="envs.textworld_game:TextWorldGameEnv"),
+    "TextWorldCooking-v0": dict(entry_point="envs.textworld_game:TextWorldCookingEnv"),
+}
+for _env_id, _kwargs in _TEXT_GAMES.items():
+    if _env_id not in registry:
+        register(id=_env_id, **_kwargs)
+TEXT_GAME_ENV_IDS = tuple(_TEXT_GAMES)

@@ -17,6 +17,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "mujoco": ("mujoco",),
     "bsuite": ("bsuite",),
     "distributed": ("ray",),
+    "textworld": ("textworld_express", "textworld"),
+    "sbx": ("sbx", "jax"),
 }
 
 
@@ -48,7 +50,8 @@ _MUJOCO_ENTRY = re.compile(r"^gymnasium\.envs\.mujoco[.:]")
 
 def env_extra(env_id: str) -> str | None:
     """The extra that env `env_id` needs to be made (`bsuite:<experiment>/<setting>`, BSuite-v0: bsuite; Gymnasium's
-    MuJoCo tasks and their episodic versions: mujoco), from the id and its registered entry point; None for others."""
+    MuJoCo tasks and their episodic versions: mujoco; the text games of envs/textworld_*.py: textworld), from the id and
+    its registered entry point; None for others."""
     from gymnasium.envs.registration import registry
 
     from envs.bsuite import SWEEP_SIZES
@@ -60,4 +63,6 @@ def env_extra(env_id: str) -> str | None:
     entry = getattr(spec, "entry_point", None)
     if isinstance(entry, str) and _MUJOCO_ENTRY.match(entry):
         return "mujoco"
+    if isinstance(entry, str) and entry.startswith(("envs.textworld_express:", "envs.textworld_game:")):
+        return "textworld"
     return None

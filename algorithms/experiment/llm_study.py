@@ -283,14 +283,20 @@ class Trained:
     record: dict[str, Any]
 
 
-def train_reusing(jobs_of: Callable[[str], list[Job]], workers: int, describe: Callable[[list[dict]], str]) -> Trained:
-    """A benchmark's runs: `jobs_of(warm_start key)` gives the jobs; finished ones are reused (`run_reusing`)."""
+def train_reusing(
+    jobs_of: Callable[[str], list[Job]],
+    workers: int,
+    describe: Callable[[list[dict]], str],
+    model_folder: Callable[[], Path] | None = None,
+) -> Trained:
+    """A benchmark's runs: `jobs_of(warm_start key)` gives the jobs; finished ones are reused (`run_reusing`).
+    `model_folder`: the cache folder of the runs' warm-started model (default: the single-role one's)."""
     start = time.perf_counter()
     from algorithms.common.provenance import environment_record
     from algorithms.llm.model.warm_start import cached_warm_start
 
     record = environment_record()  # the commit the runs ran on, read before they start
-    warm_start = cached_warm_start().name  # built once, before the workers need it; its name is its key
+    warm_start = (model_folder or cached_warm_start)().name  # built once, before the workers need it; its name is its key
     jobs = jobs_of(warm_start)
     histories, reused = run_reusing(jobs, workers, start, describe)
     return Trained(jobs, histories, reused, time.perf_counter() - start, warm_start, record)

@@ -40,7 +40,15 @@ def write_loop_config(log_dir: Path, algo: str, run_cfg: LoopRunConfig, cfg: Any
     cli.atomic_write_text(log_dir / "loop_config.yml", yaml.safe_dump(settings, sort_keys=False))
 
 
-def model_and_tokenizer(name: str, seed: int, bf16: bool):
+def model_and_tokenizer(name: str, seed: int, bf16: bool, env_id: str | None = None):
+    if name in ("tiny", "tiny-random") and env_id == "Sokoban-v0":  # the shared tiny vocabulary has no Sokoban words
+        from algorithms.llm.model.sokoban import sokoban_tiny
+
+        return sokoban_tiny(name, seed)
+    if name == "tiny" and env_id == "TextThinkSolve-v0":  # its roles also write SEPO's rating (two_role/warm_start.py)
+        from algorithms.llm.two_role.warm_start import warm_started_two_role
+
+        return warm_started_two_role()
     if name == "tiny":
         from algorithms.llm.model.warm_start import warm_started_tiny
 
@@ -91,7 +99,7 @@ def build_trainer(spec: RunSpec, cfg: Any, writer: Any):
     config: LLMConfig = spec.config
     run_cfg = config.run
     torch.manual_seed(spec.seed)
-    model, tokenizer = model_and_tokenizer(run_cfg.model, spec.seed, bool(cfg.bf16))
+    model, tokenizer = model_and_tokenizer(run_cfg.model, spec.seed, bool(cfg.bf16), spec.env)
     task_seeds = np.random.default_rng(spec.seed).integers(0, 2**31 - 1, size=run_cfg.n_tasks)
     dataset = Dataset.from_dict({"prompt": [str(int(s)) for s in task_seeds]})
     common = dict(

@@ -10,9 +10,10 @@ learner does not take, is refused (vcbm_blend, casi: this arm collects no env in
 criterion (algorithms/common/convergence.py; needs the env contract's evaluation-only
 `first_decision_optimal`) stops the run, or `max_episodes` does; without that key the run trains
 for `max_episodes` and reports its return and success rate (`is_success`). Hyperparameters: the
-run's own (`SB3RunConfig`) plus the algorithm's constructor arguments, checked against the SB3
-class's own signature (SB3 is the only source of their defaults; zoo_configs/<algo>.yml lists what
-differs); credit-rule arguments go under `credit_kwargs`, keyed by rule name
+run's own (`SB3RunConfig`) plus the algorithm's constructor arguments, checked against the
+class's own signature (that class is the only source of their defaults; zoo_configs/<algo>.yml lists what
+differs). The class is SB3's, or with `engine: sbx` SBX's JAX one for SAC, TD3 and DQN (algorithms/sb3/engines.py),
+which takes the same replay buffer and callbacks; credit-rule arguments go under `credit_kwargs`, keyed by rule name
 (`credit_kwargs: {vcbm_bookmark: {alpha: 0.01}}`), so one config serves every --credit. SB3 writes
 its own TensorBoard logs into the run's log dir.
 
@@ -46,12 +47,13 @@ from stable_baselines3.common.off_policy_algorithm import OffPolicyAlgorithm
 from stable_baselines3.common.vec_env import DummyVecEnv
 from threadpoolctl import threadpool_limits
 
-from algorithms.common.config import as_plain_dict, build_dataclasses, load_object, log_env_to_run_dir, make_env
+from algorithms.common.config import as_plain_dict, build_dataclasses, log_env_to_run_dir, make_env
 from algorithms.common.convergence import ConvergenceTracker, EpisodeOutcomes, EpisodeRunConfig
 from algorithms.common.credit_slot import CreditSlot, add_credit_argument, credit_flag, rule_summary
 from algorithms.common.errors import ConfigError
 from algorithms.common.spec import EPISODES, Arm, RunOptions, RunSpec
 from algorithms.common.validation import AT_LEAST_ONE, Range
+from algorithms.sb3 import engines
 from algorithms.sb3.buffers import RelabelingReplayBuffer
 from algorithms.sb3.callbacks import (
     DEFAULT_GROUP_BY,
@@ -74,18 +76,12 @@ from algorithms.sb3.checks import (
 from algorithms.sb3.env_checks import Float32Rewards
 from vcbm_gym.credit.base import ADVANTAGES, NO_CREDIT, REWARDS, CreditRule
 
-# The arm's algorithms, algo -> "module:Class" (SB3's own classes).
-AGENTS = {
-    "ppo": "stable_baselines3:PPO",
-    "a2c": "stable_baselines3:A2C",
-    "dqn": "stable_baselines3:DQN",
-    "sac": "stable_baselines3:SAC",
-    "td3": "stable_baselines3:TD3",
-}
+# The arm's algorithms, algo -> "module:Class" (SB3's own classes; engines.AGENTS has each engine's).
+AGENTS = engines.AGENTS[engines.SB3]
 
 
-def algo_class(algo: str) -> type:
-    return load_object(AGENTS[algo])
+def algo_class(algo: str, engine: str = engines.SB3) -> type:
+    return engines.algo_class(algo, engine)
 
 
 @dataclass
@@ -111,8 +107,9 @@ class SB3RunConfig(EpisodeRunConfig):
     episode_steps: int | None = None  # None: the env's max_episode_steps or params.horizon
     credit_kwargs: dict = field(default_factory=dict)  # rule name -> that rule's constructor kwargs
     credit_group_by: str = DEFAULT_GROUP_BY  # on-policy only: "none" or "initial_obs" (see callbacks.py)
-    torch_threads: int = 1
+    torch_threads: int = 1  # torch's, numpy's BLAS's and (engine sbx) XLA's threads
     device: str = "cpu"
+    engine: str = engines.SB3  # which library's class trains the run: sb3 (PyTorch) or sbx (JAX); see engines.py
 
     @property
     def slot(self) -> CreditSlot:
@@ -169,12 +166,12 @@ def algo_defaults(algo_cls: type) -> dict[str, Any]:
     return {name: p.default for name, p in params.items() if name not in RUNNER_OWNED and p.default is not p.empty}
 
 
-def algo_kwargs(algo: str, mapping: dict[str, Any]) -> dict[str, Any]:
-    """Every constructor argument of the SB3 class: its defaults overlaid by `mapping` (checked)."""
-    defaults = algo_defaults(algo_class(algo))
+def algo_kwargs(algo: str, mapping: dict[str, Any], engine: str = engines.SB3) -> dict[str, Any]:
+    """Every constructor argument of the engine's class: its defaults overlaid by `mapping` (checked)."""
+    defaults = algo_defaults(algo_class(algo, engine))
     out = dict(defaults)
     for key, value in mapping.items():
-        out[key] = coerce_arg(key, value, defaults[key], f"algo {algo!r}")
+        out[key] = coerce_arg(key, value, defaults[key], owner(algo, engine))
     if out.get("policy_kwargs") is not None and not isinstance(out["policy_kwargs"], dict):
         raise ConfigError(f"hyperparameter policy_kwargs={out['policy_kwargs']!r}: expected a mapping")
     return out
@@ -194,19 +191,34 @@ class SB3Config:
         return issubclass(self.algo_cls, OffPolicyAlgorithm)
 
     def hyperparams(self) -> dict[str, Any]:
-        """The plain values config.yml records and the config hash identifies."""
-        return {**as_plain_dict(self.run), **copy.deepcopy(dict(self.algo_kwargs))}
+        """The plain values config.yml records and the config hash identifies. The engine is recorded only when it is
+        not the default: an SB3 run's identity is the same with or without the setting (its stored results stay
+        resumable by hash); an sbx run records `engine: sbx`, and its hash differs."""
+        run = as_plain_dict(self.run)
+        if run["engine"] == engines.SB3:
+            del run["engine"]
+        return {**run, **copy.deepcopy(dict(self.algo_kwargs))}
+
+
+def owner(algo: str, engine: str) -> str:
+    return f"algo {algo!r}" if engine == engines.SB3 else f"algo {algo!r} (engine {engine})"
 
 
 def _configs(algo: str, mapping: Mapping[str, Any]) -> tuple[SB3RunConfig, dict[str, Any]]:
     run_names = {f.name for f in dataclasses.fields(SB3RunConfig)}
-    defaults = algo_defaults(algo_class(algo))
+    engine = mapping.get("engine", engines.SB3)
+    engines.check_engine(engine, algo)
+    (run_cfg,) = build_dataclasses(
+        {k: v for k, v in mapping.items() if k in run_names}, [SB3RunConfig], owner=owner(algo, engine)
+    )
+    if engine == engines.SBX:  # before sbx imports jax: XLA reads its thread settings once
+        engines.configure_jax(run_cfg.torch_threads, run_cfg.device)
+    defaults = algo_defaults(algo_class(algo, engine))
     unknown = [key for key in mapping if key not in run_names and key not in defaults]
     if unknown:
         known = ", ".join(sorted(run_names | set(defaults)))
-        raise ConfigError(f"unknown hyperparameter {unknown[0]!r} for algo {algo!r}; expected one of: {known}")
-    (run_cfg,) = build_dataclasses({k: v for k, v in mapping.items() if k in run_names}, [SB3RunConfig], owner=f"algo {algo!r}")
-    kwargs = algo_kwargs(algo, {k: v for k, v in mapping.items() if k not in run_names})
+        raise ConfigError(f"unknown hyperparameter {unknown[0]!r} for {owner(algo, engine)}; expected one of: {known}")
+    kwargs = algo_kwargs(algo, {k: v for k, v in mapping.items() if k not in run_names}, engine)
     run_cfg.slot.check(ARM.credit_fit(algo))
     if run_cfg.credit_group_by not in GROUP_BY:
         raise ConfigError(f"hyperparameter credit_group_by={run_cfg.credit_group_by!r}: expected one of {', '.join(GROUP_BY)}")
@@ -218,12 +230,13 @@ def sb3_config(algo: str, env_id: str, mapping: Mapping[str, Any]) -> SB3Config:
     episode length, policy_kwargs or a buffer larger than this machine's memory fails before the log dir exists
     (the credit rule is built here dry: a bad argument, or an option that adds a need, is one line)."""
     run_cfg, kwargs = _configs(algo, mapping)
+    engines.check_engine_settings(run_cfg.engine, run_cfg.device, kwargs.get("policy_kwargs"))
     check_device(run_cfg.device)
-    algo_cls = algo_class(algo)
+    algo_cls = algo_class(algo, run_cfg.engine)
     off_policy = issubclass(algo_cls, OffPolicyAlgorithm)
     probe = make_env(env_id, run_cfg.env_kwargs)
     try:
-        check_spaces(algo, algo_cls, env_id, probe, AGENTS)
+        check_spaces(algo, algo_cls, env_id, probe, engines.AGENTS[run_cfg.engine])
         steps = episode_steps(probe, run_cfg.episode_steps)
         try:
             rule = run_cfg.slot.build(ARM.credit_fit(algo), env=probe)
@@ -383,7 +396,7 @@ def train(spec: RunSpec, log_dir: str, options: RunOptions) -> dict[str, Any]:
         **rule_summary(built.rule, names),
         **reward_fit_summary(built.model),
         "timesteps": int(built.model.num_timesteps),
-        "device": str(built.model.device),  # the one trained on ("auto" in the config names no device)
+        "device": engines.trained_on(built.model, run_cfg.engine),  # ("auto" in the config names no device)
         **(
             {"eval_last_mean_return": float(evaluation.last_mean_reward)} if evaluation and evaluation.evaluations_results else {}
         ),

@@ -166,16 +166,20 @@ class CreditSplit(NamedTuple):
     parsed: bool
 
 
-_NUMBER = r"(\d*\.?\d+)\s*(%?)"
+# a decimal may carry spaces around its point: a word-level tokenizer decodes "0.7" as "0 . 7" (the tiny models' does)
+_NUMBER = r"(\d*(?:\s*\.\s*)?\d+)\s*(%?)"
 _SEPARATOR = r"\s*[,;/]\s*"
 _PAIR_FORMS = (
     re.compile(r"[\[(]\s*" + _NUMBER + _SEPARATOR + _NUMBER + r"\s*[\])]"),
     re.compile(r"\b(?:pair|split)\b\s*[:=]\s*" + _NUMBER + _SEPARATOR + _NUMBER, re.IGNORECASE),
 )
+# the Thinker's share alone in brackets, "(0.7)": the nine splits sum to 1, so the Solver has the rest
+_SHARE_FORM = re.compile(r"[\[(]\s*" + _NUMBER + r"\s*[\])]")
 
 
 def _share(digits: str, percent: str) -> float:
-    return float(digits) / 100.0 if percent else float(digits)
+    value = float("".join(digits.split()))
+    return value / 100.0 if percent else value
 
 
 def parse_credit_split(text: str) -> CreditSplit:
@@ -183,17 +187,21 @@ def parse_credit_split(text: str) -> CreditSplit:
 
     Accepted forms: two numbers separated by ",", ";" or "/" either inside brackets, "(0.7, 0.3)" or
     "[0.7, 0.3]" (so the JSON `{"pair": [0.7, 0.3]}` of the reference's prompt), or after "pair" or "split" and
-    ":" or "=", as in "split: 0.7/0.3". A number is a decimal share ("0.7", ".7") or a percentage with its sign
-    ("70%"); a bare number above 1 is no share. The last such pair in the text is the rating (a rater may think
-    aloud before it answers); it counts when it is one of the nine CREDIT_SPLITS, and anything else (no pair, a
-    pair off the grid such as (0.75, 0.25) or (1, 0)) falls back to (0.5, 0.5) with `parsed` False."""
+    ":" or "=", as in "split: 0.7/0.3"; or the Thinker's share alone in brackets, "(0.7)", the Solver having the
+    rest (what the two-role trainer's RATING_REQUEST asks for). A number is a decimal share ("0.7", ".7") or a
+    percentage with its sign ("70%"); a bare number above 1 is no share. Spaces may surround a decimal point
+    ("0 . 7", as a word-level tokenizer decodes "0.7"), never split the digits on one side of it ("0 . 7 5" is no
+    number). The last such pair or share in the text is the rating (a rater may think aloud before it answers); it
+    counts when it is one of the nine CREDIT_SPLITS, and anything else (no pair, a pair off the grid such as
+    (0.75, 0.25) or (1, 0), a share off it such as (0.75)) falls back to (0.5, 0.5) with `parsed` False."""
     if not isinstance(text, str):
         raise ValueError(f"text={text!r}: expected a str (a rater's answer)")
-    found = [match for form in _PAIR_FORMS for match in form.finditer(text)]
+    found = [match for form in (*_PAIR_FORMS, _SHARE_FORM) for match in form.finditer(text)]
     if not found:
         return CreditSplit(*FALLBACK_SPLIT, parsed=False)
     last = max(found, key=lambda match: match.start())
-    pair = (_share(last.group(1), last.group(2)), _share(last.group(3), last.group(4)))
+    thinker = _share(last.group(1), last.group(2))
+    pair = (thinker, 1.0 - thinker) if last.re is _SHARE_FORM else (thinker, _share(last.group(3), last.group(4)))
     for fixed in CREDIT_SPLITS:
         if abs(pair[0] - fixed[0]) <= _SPLIT_TOLERANCE and abs(pair[1] - fixed[1]) <= _SPLIT_TOLERANCE:
             return CreditSplit(*fixed, parsed=True)

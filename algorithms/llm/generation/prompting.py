@@ -59,6 +59,7 @@ def tiny_system_prompt(one_shot: bool = False) -> str:
 PROMPTS: dict[str, str] = {
     "tiny": "algorithms.llm.generation.prompting:tiny_system_prompt",  # the warm-started tiny models' one-line prompt
     "appworld": "envs.appworld.prompt:system_prompt",  # AppWorld's ReAct prompt with its API docs and worked example
+    "textgame": "envs.textworld_express:system_prompt",  # TextWorld(Express) games: answer with one listed valid action
 }
 # Each registered function's own module:function path, accepted as another name of the same prompt (looked up in
 # this table, never imported), so that a config.yml that spells it so still reruns; so is the path by which config.yml

@@ -10,6 +10,8 @@ model as built here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
@@ -58,13 +60,14 @@ def _played_texts(episodes_per_env: int = 40) -> list[str]:
     return texts
 
 
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """Word-level tokenizer over the corpus above and the played env texts, ChatML tokens and template."""
+def build_tiny_tokenizer(extra_texts: Sequence[str] = ()) -> PreTrainedTokenizerFast:
+    """Word-level tokenizer over the corpus above and the played env texts, ChatML tokens and template; `extra_texts`
+    add the words of an env whose texts the embedded envs' do not cover (algorithms/llm/model/sokoban.py)."""
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     trainer = trainers.WordLevelTrainer(special_tokens=list(SPECIAL_TOKENS), min_frequency=1)
-    corpus = list(_CORPUS) + _played_texts()
+    corpus = list(_CORPUS) + _played_texts() + list(extra_texts)
     tok.train_from_iterator(sorted(set(" ".join(corpus).split())) + corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -122,8 +125,9 @@ def build_tiny(
     hidden_size: int = TINY_HIDDEN_SIZE,
     tie_embeddings: bool = TINY_TIED_EMBEDDINGS,
     embedding_std: float | None = None,
+    extra_texts: Sequence[str] = (),
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tiny_tokenizer(extra_texts)
     model = build_tiny_model(
         len(tokenizer), seed, hidden_size=hidden_size, tie_embeddings=tie_embeddings, embedding_std=embedding_std
     )

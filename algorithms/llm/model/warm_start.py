@@ -134,9 +134,9 @@ def _cache_root() -> Path:
     return Path(os.environ.get("VCBM_GYM_CACHE", Path.home() / ".cache" / "vcbm_gym"))
 
 
-def warm_start_key(cfg: WarmStartConfig, examples: list[dict[str, Any]], model_config: dict, vocab: dict) -> str:
+def warm_start_key(cfg: WarmStartConfig, examples: list[dict[str, Any]], model_config: dict, vocab: dict, *more: Any) -> str:
     digest = hashlib.sha256()
-    for part in (dataclasses.asdict(cfg), examples, model_config, sorted(vocab.items())):
+    for part in (dataclasses.asdict(cfg), examples, model_config, sorted(vocab.items()), *more):
         digest.update(json.dumps(part, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:16]
 
@@ -170,18 +170,34 @@ def _train(model, tokenizer, examples: list[dict[str, Any]], cfg: WarmStartConfi
     return float(result.training_loss)
 
 
-def cached_warm_start(cfg: WarmStartConfig = WarmStartConfig(), cache_dir: str | Path | None = None) -> Path:
+def cached_warm_start(
+    cfg: WarmStartConfig = WarmStartConfig(),
+    cache_dir: str | Path | None = None,
+    base: Path | None = None,
+    examples: list[dict[str, Any]] | None = None,
+) -> Path:
     """The cache folder of the warm-started tiny model, built now if absent. Its name is the cache key
-    (a hash of the settings, the SFT data, the model config and the vocabulary)."""
+    (a hash of the settings, the SFT data, the model config and the vocabulary).
+
+    `base` and `examples` make a further stage (the two-role arm's rating turns: algorithms/llm/two_role/warm_start.py):
+    SFT under `cfg` of the model saved in the folder `base` (one of this cache's) on `examples`, in place of the
+    random model on the envs' turns; base's name enters the key, so a rebuilt base makes a new stage."""
     import torch
 
     from algorithms.llm.model.tiny import build_tiny
 
-    model, tokenizer = build_tiny(
-        cfg.model_seed, hidden_size=cfg.hidden_size, tie_embeddings=cfg.tie_embeddings, embedding_std=cfg.embedding_std
-    )
-    examples = warm_start_examples(cfg)
-    key = warm_start_key(cfg, examples, model.config.to_dict(), tokenizer.get_vocab())
+    if base is None:
+        model, tokenizer = build_tiny(
+            cfg.model_seed, hidden_size=cfg.hidden_size, tie_embeddings=cfg.tie_embeddings, embedding_std=cfg.embedding_std
+        )
+    else:
+        model, tokenizer = load_warm_start(base)
+    examples = warm_start_examples(cfg) if examples is None else examples
+    config, more = model.config.to_dict(), ()
+    if base is not None:  # the base's path depends on where the cache lies: its name (its own key) is hashed instead
+        config.pop("_name_or_path", None)
+        more = (Path(base).name,)
+    key = warm_start_key(cfg, examples, config, tokenizer.get_vocab(), *more)
     root = Path(cache_dir) if cache_dir is not None else _cache_root()
     folder = root / "tiny_warm_start" / key
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -197,9 +213,8 @@ def cached_warm_start(cfg: WarmStartConfig = WarmStartConfig(), cache_dir: str |
                 shutil.rmtree(staging / "trainer", ignore_errors=True)
                 model.save_pretrained(staging)
                 tokenizer.save_pretrained(staging)
-                (staging / MARKER).write_text(
-                    json.dumps({"config": dataclasses.asdict(cfg), "examples": len(examples), "final_sft_loss": loss})
-                )
+                record = {"config": dataclasses.asdict(cfg), "examples": len(examples), "final_sft_loss": loss}
+                (staging / MARKER).write_text(json.dumps({**record, **({"base": Path(base).name} if base else {})}))
                 if folder.exists():  # an incomplete earlier attempt (no marker)
                     shutil.rmtree(folder)
                 os.rename(staging, folder)
@@ -210,10 +225,14 @@ def cached_warm_start(cfg: WarmStartConfig = WarmStartConfig(), cache_dir: str |
 
 def warm_started_tiny(cfg: WarmStartConfig = WarmStartConfig(), cache_dir: str | Path | None = None):
     """The warm-started tiny model and its tokenizer, from the cache or built (and cached) now."""
+    return load_warm_start(cached_warm_start(cfg, cache_dir))
+
+
+def load_warm_start(folder: str | Path):
+    """The model and tokenizer saved in a folder of this cache, generating until the tokenizer's end of turn."""
     import torch
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    folder = cached_warm_start(cfg, cache_dir)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
     model.generation_config.eos_token_id = tokenizer.eos_token_id

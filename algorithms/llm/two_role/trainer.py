@@ -23,8 +23,11 @@ under the run's `objective` (ppo_clip, gspo or reinforce_pp); no KL.
 
 Metrics per iteration (history.json, TensorBoard `loop/`): `task_goal_completion` and `mean_return` of the joint
 episodes (all rollouts), `solo_task_goal_completion`, `thinker_help` (joint minus solo success), `thinker_rows`
-(the share of trained rows that are the Thinker's), `mean_role_reward`, and `split_parse_rate` (SEPO: the share
-of turns whose credit split could be read; the rest fall back to (0.5, 0.5)).
+(the share of trained rows that are the Thinker's), `mean_role_reward`, and under a rule that reads the credit
+splits (SEPO) `split_parse_rate`, `thinker_split_parse_rate` and `solver_split_parse_rate`: the share of all ratings,
+the Thinker's and the Solver's, whose split could be read (the rest fall back to (0.5, 0.5)); absent where no rating
+was asked. Under `--model tiny` both roles are played by the warm-start that also learnt the rating's format
+(two_role/warm_start.py).
 """
 
 from __future__ import annotations
@@ -49,14 +52,17 @@ from vcbm_gym.credit.base import EpisodeBatch
 from vcbm_gym.credit.ccpo import ROLE_EXTRAS, SPLIT_EXTRAS, RoleCreditRule, parse_credit_split
 
 # SEPO: after the joint turns, each role is asked (in its own conversation) for its split of the credit, parsed
-# by vcbm_gym.credit.ccpo.parse_credit_split; the task's own prompts stay as they are
+# by vcbm_gym.credit.ccpo.parse_credit_split; the task's own prompts stay as they are. It asks for the Thinker's share
+# alone, one number: the nine splits sum to 1, and a tiny model taught to write the pair (the reference's form, which
+# the parser still reads) chose its second share independently of the first, so only about 1 pair in 9 was a split
 RATING_REQUEST = (
     'The Thinker\'s note was: "{note}". The Solver answered: "{answer}". Rate how the credit for the outcome '
-    "splits between the Thinker and the Solver, as (Thinker share, Solver share), one of (0.9, 0.1), (0.8, 0.2), ..., "
-    "(0.1, 0.9)."
+    "splits between the Thinker and the Solver: the Thinker's share, the Solver having the rest, as one of (0.9), "
+    "(0.8), ..., (0.1)."
 )
 # the per-row inputs of the role rewards, in EpisodeBatch.extras (gathered with the batch over processes)
 EXTRAS = (*ROLE_EXTRAS, *SPLIT_EXTRAS)
+PARSE_RATES = ("split_parse_rate", "thinker_split_parse_rate", "solver_split_parse_rate")  # metrics where ratings were asked
 
 
 @dataclass
@@ -90,14 +96,18 @@ class TwoRolePlay:
     def solo_success(self) -> np.ndarray:
         return self._success(self.solo)
 
-    def splits(self) -> tuple[list, list, float]:
-        """Each rollout's (Thinker share, Solver share) as the Thinker and as the Solver rated it, and the share of
-        the ratings that could be read (the rest fall back to (0.5, 0.5))."""
+    def splits(self) -> tuple[list, list, list[bool], list[bool]]:
+        """Each rollout's (Thinker share, Solver share) as the Thinker and as the Solver rated it, and whether each
+        role's rating could be read (the rest fall back to (0.5, 0.5); no rating asked: all fall back)."""
         n = len(self.thinker)
         thinker = [parse_credit_split(t) for t in (self.thinker_ratings or [""] * n)]
         solver = [parse_credit_split(t) for t in (self.solver_ratings or [""] * n)]
-        parsed = float(np.mean([s.parsed for s in thinker + solver])) if thinker else 0.0
-        return [[s.thinker, s.solver] for s in thinker], [[s.thinker, s.solver] for s in solver], parsed
+        return (
+            [[s.thinker, s.solver] for s in thinker],
+            [[s.thinker, s.solver] for s in solver],
+            [s.parsed for s in thinker],
+            [s.parsed for s in solver],
+        )
 
 
 def answer_text(episode: Episode) -> str:
@@ -216,6 +226,7 @@ class TwoRoleTrainer(LoopTrainer):
             raise TypeError(f"args: expected a TwoRoleConfig, got {type(args).__name__}")
         self._row_extras: dict[str, list] = {}
         self._play: TwoRolePlay | None = None
+        self._parsed: list[list[bool]] = [[], []]  # per rollout: the Thinker's and the Solver's rating read
         super().__init__(model, args, *trainer_args, **trainer_kwargs)
         reset_options = self._envs(1)[0].metadata.get("reset_options", ())
         if "solo" not in reset_options:
@@ -241,10 +252,9 @@ class TwoRoleTrainer(LoopTrainer):
             self.episode_token_bound,
             request_split=any(f"extras[{key!r}]" in self.credit_rule.needs() for key in SPLIT_EXTRAS),
         )
-        thinker_splits, solver_splits, parsed = play.splits()
+        thinker_splits, solver_splits, *self._parsed = play.splits()
         rows = [play.thinker[k] if r == "thinker" else play.joint[k] for k, r in enumerate(roles)]
         self._iter_stats["rollout_time_s"] += time.perf_counter() - start
-        self._iter_stats["split_parse_rate"] = parsed
         self._episodes, self._play = rows, play
         self._row_extras = {
             "role": roles,
@@ -279,13 +289,22 @@ class TwoRoleTrainer(LoopTrainer):
         return advantages[rows, : batch.rewards.shape[1]]
 
     def _record_rollouts(self, episodes: list[Episode], batch: EpisodeBatch, advantages) -> None:
-        """The trained rows' metrics (LoopTrainer's), then the joint and solo outcomes over every rollout."""
+        """The trained rows' metrics (LoopTrainer's), then the joint and solo outcomes and the ratings' parse rates over
+        every rollout."""
         super()._record_rollouts(episodes, batch, advantages)
         play = self._play
         local = [play.joint_success.tolist(), play.solo_success.tolist(), play.r_joint.tolist(), play.r_solo.tolist()]
-        parts = self._every_process(local)
-        local = [[x for part in parts for x in part[i]] for i in range(4)]
-        joint, solo, r_joint, r_solo = (np.asarray(v, float) for v in local)
+        parts = self._every_process([*local, *self._parsed])
+        local = [[x for part in parts for x in part[i]] for i in range(6)]
+        joint, solo, r_joint, r_solo, thinker_parsed, solver_parsed = (np.asarray(v, float) for v in local)
+        if play.thinker_ratings is not None and len(thinker_parsed):
+            self._iter_stats.update(
+                {
+                    "split_parse_rate": float(np.concatenate([thinker_parsed, solver_parsed]).mean()),
+                    "thinker_split_parse_rate": float(thinker_parsed.mean()),
+                    "solver_split_parse_rate": float(solver_parsed.mean()),
+                }
+            )
         self._iter_stats.update(
             {
                 "task_goal_completion": float(joint.mean()),
@@ -298,13 +317,7 @@ class TwoRoleTrainer(LoopTrainer):
 
     def _iteration_metrics(self) -> dict[str, float]:
         metrics = super()._iteration_metrics()
-        for key in (
-            "solo_task_goal_completion",
-            "thinker_help",
-            "mean_solo_return",
-            "mean_role_reward",
-            "thinker_rows",
-            "split_parse_rate",
-        ):
+        for key in ("solo_task_goal_completion", "thinker_help", "mean_solo_return", "mean_role_reward", "thinker_rows"):
             metrics[key] = float(self._iter_stats[key])
+        metrics.update({key: float(self._iter_stats[key]) for key in PARSE_RATES if key in self._iter_stats})
         return metrics
