@@ -1,7 +1,7 @@
 """SB3 against SBX as the SB3 arm's engine: steps/s of SAC, SAC+IRCR and SAC+RRD past their warm-up, side by side.
 
     python benchmarks/sbx_speed.py [--env EpisodicHopper-v5] [--learning-starts 1000] [--settle 200] [--steps 1000]
-        [--repeats 1] [--seed 0] [--json benchmarks/results/sbx_speed.json] [--markdown benchmarks/sbx_speed.md]
+        [--repeats 1] [--seed 0] [--json benchmarks/results/sbx_speed.json] [--markdown benchmarks/results/sbx_speed.md]
 
 Each run is `python -m algorithms.train`'s own build (algorithms/sb3/runner.py) of zoo_configs/sac.yml's entry, with
 `--hyperparams engine=sb3` or `engine=sbx` (algorithms/sb3/engines.py), `torch_threads: 1` (torch, numpy's BLAS and,

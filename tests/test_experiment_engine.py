@@ -28,7 +28,7 @@ def test_every_spec_loads_and_every_published_output_belongs_to_one():
         assert spec.results is None or (REPO / spec.results).exists(), spec.name
         for comparison in spec.comparisons:
             assert comparison.claim in claims, (spec.name, comparison.claim)
-    speed = {"llm_throughput", "llm_training_pass", "llm_old_logps", "sac_speed_levers", "sac_speed_levers_cuda"}
+    speed = {"llm_throughput", "llm_training_pass", "llm_old_logps", "sac_speed_levers", "sac_speed_levers_cuda", "sbx_speed"}
     for path in sorted((REPO / "benchmarks" / "results").iterdir()):
         relative = path.relative_to(REPO)
         if path.suffix == ".md" and path.with_suffix(".json").exists():
@@ -227,4 +227,4 @@ def test_list_says_where_each_experiments_results_stand(capsys):
     rows = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
     assert set(rows) == set(specs.spec_names())
     assert " predates-spec " in rows["table2"] and " registered " in rows["vcbm_plus"]
-    assert " no results " in rows["tabular_baselines"]
+    assert " no results " in rows["bsuite_discounting_chain_power"]
