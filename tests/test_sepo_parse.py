@@ -23,7 +23,7 @@ def test_every_split_survives_the_tiny_tokenizers_round_trip():
     from algorithms.llm.model.tiny import build_tiny_tokenizer
     from algorithms.llm.two_role.warm_start import rating_text
 
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tiny_tokenizer(())
     for thinker, solver in CREDIT_SPLITS:
         for text in (f"({thinker}, {solver})", rating_text((thinker, solver))):
             decoded = tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -78,9 +78,9 @@ def test_text_with_no_split_on_the_grid_falls_back_to_an_even_split(text):
 # --- the two-role warm-start's data ------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def examples():
-    from algorithms.llm.two_role.warm_start import two_role_examples
+    from algorithms.llm.two_role.warm_start import RATING_STAGE, two_role_examples
 
-    return two_role_examples()
+    return two_role_examples(RATING_STAGE)
 
 
 def test_the_rating_turns_teach_the_splits_format_and_nothing_about_the_credit(examples):

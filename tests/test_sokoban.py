@@ -388,7 +388,7 @@ def test_the_sokoban_tiny_vocabulary_reads_every_board_and_names_every_move():
         for text in (obs, env.step("left")[0]):
             assert tokenizer.unk_token_id not in tokenizer(text)["input_ids"], text
     assert tokenizer.tokenize("Action: player up()") == ["Action", ":", "player", "up", "()"]
-    assert "up" not in build_tiny_tokenizer().get_vocab()  # the shared vocabulary could not name the move
+    assert "up" not in build_tiny_tokenizer(()).get_vocab()  # the shared vocabulary could not name the move
 
 
 def test_the_sokoban_warm_start_data_are_well_formed_moves_partly_the_solvers():

@@ -47,7 +47,7 @@ SOKOBAN_STAGE = WarmStartConfig(episodes_per_env=40, max_steps=60)
 _VOCABULARY_EPISODES = 40
 
 
-def sokoban_texts(episodes: int = _VOCABULARY_EPISODES) -> list[str]:
+def sokoban_texts() -> list[str]:
     """Sokoban's observations under random moves (fixed seeds), and the answers of the warm start's format."""
     import gymnasium as gym
 
@@ -56,7 +56,7 @@ def sokoban_texts(episodes: int = _VOCABULARY_EPISODES) -> list[str]:
 
     texts, rng = [format_answer(SUBJECT, move) for move in DIRECTIONS], np.random.default_rng(0)
     env = gym.make(SOKOBAN_ENV)
-    for episode in range(episodes):
+    for episode in range(_VOCABULARY_EPISODES):
         obs, _ = env.reset(seed=episode)
         texts.append(obs)
         done = False
@@ -78,7 +78,7 @@ def sokoban_random_tiny(seed: int, cfg: WarmStartConfig | None = None):
     return build_tiny(cfg.model_seed, **shape, extra_texts=sokoban_texts())
 
 
-def sokoban_examples(cfg: WarmStartConfig = SOKOBAN_STAGE) -> list[dict[str, Any]]:
+def sokoban_examples(cfg: WarmStartConfig) -> list[dict[str, Any]]:
     """Conversational prompt/completion pairs, one per turn of the scripted policy (module docstring)."""
     import gymnasium as gym
 

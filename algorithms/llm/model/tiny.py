@@ -60,7 +60,7 @@ def _played_texts(episodes_per_env: int = 40) -> list[str]:
     return texts
 
 
-def build_tiny_tokenizer(extra_texts: Sequence[str] = ()) -> PreTrainedTokenizerFast:
+def build_tiny_tokenizer(extra_texts: Sequence[str]) -> PreTrainedTokenizerFast:
     """Word-level tokenizer over the corpus above and the played env texts, ChatML tokens and template; `extra_texts`
     add the words of an env whose texts the embedded envs' do not cover (algorithms/llm/model/sokoban.py)."""
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))

@@ -39,7 +39,7 @@ def rating_text(split: tuple[float, float]) -> str:
     return f"({split[0]:.1f})"
 
 
-def two_role_examples(cfg: WarmStartConfig = RATING_STAGE) -> list[dict[str, Any]]:
+def two_role_examples(cfg: WarmStartConfig) -> list[dict[str, Any]]:
     """Conversational prompt/completion pairs, four per TextThinkSolve episode: the Thinker's note, the Solver's answer,
     and each role's rating turn.
 
@@ -82,7 +82,9 @@ def two_role_examples(cfg: WarmStartConfig = RATING_STAGE) -> list[dict[str, Any
 
 def two_role_warm_start(cache_dir: str | Path | None = None) -> Path:
     """The cache folder of the two-role model (the first stage's, then `RATING_STAGE`), built now if absent."""
-    return cached_warm_start(RATING_STAGE, cache_dir, base=cached_warm_start(cache_dir=cache_dir), examples=two_role_examples())
+    return cached_warm_start(
+        RATING_STAGE, cache_dir, base=cached_warm_start(cache_dir=cache_dir), examples=two_role_examples(RATING_STAGE)
+    )
 
 
 def warm_started_two_role(cache_dir: str | Path | None = None):
