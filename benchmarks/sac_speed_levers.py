@@ -160,20 +160,30 @@ def report(rows: list[dict[str, Any]], variants: list[str]) -> list[str]:
     return lines
 
 
+def add_timing_arguments(parser: argparse.ArgumentParser, learning_starts: int, settle: int, steps: int, repeats: int) -> None:
+    """The timed budget both SAC speed benchmarks take (this one and benchmarks/sbx_speed.py): --env, the warm-up,
+    the steps that settle before the clock starts, the timed steps and the repeats."""
+    parser.add_argument("--env", default="EpisodicHopper-v5")
+    parser.add_argument("--learning-starts", type=int, default=learning_starts)
+    parser.add_argument("--settle", type=int, default=settle)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--repeats", type=int, default=repeats)
+
+
+def check_timing_arguments(args: argparse.Namespace) -> None:
+    # the relabelling buffer needs a whole episode (the 1,000-step cap) before SAC's first update
+    for name, lo in (("learning_starts", 1000), ("settle", 1), ("steps", 1), ("repeats", 1)):
+        cli.check_int(getattr(args, name), f"--{name.replace('_', '-')}", lo)
+
+
 def run(argv: list[str]) -> None:
     parser = cli.ArgumentParser(prog="python benchmarks/sac_speed_levers.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="EpisodicHopper-v5")
-    parser.add_argument("--learning-starts", type=int, default=2000)
-    parser.add_argument("--settle", type=int, default=500)
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--repeats", type=int, default=2)
+    add_timing_arguments(parser, learning_starts=2000, settle=500, steps=3000, repeats=2)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--json", default=None)
     parser.add_argument("--markdown", default=None)
     args = parser.parse_args(argv)
-    # the relabelling buffer needs a whole episode (the 1,000-step cap) before SAC's first update
-    for name, lo in (("learning_starts", 1000), ("settle", 1), ("steps", 1), ("repeats", 1)):
-        cli.check_int(getattr(args, name), f"--{name.replace('_', '-')}", lo)
+    check_timing_arguments(args)
     provenance.check_report_files(args.json, args.markdown)
     variants = [v for v in args.variants if available(v)]
     if "sac" not in variants:

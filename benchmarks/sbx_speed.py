@@ -35,6 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from algorithms.common import cli, provenance  # noqa: E402
+from benchmarks.sac_speed_levers import add_timing_arguments, check_timing_arguments  # noqa: E402
 
 ENGINES = ("sb3", "sbx")
 VARIANTS = {"sac": "none", "sac+ircr": "ircr", "sac+rrd": "rrd"}  # label -> --credit
@@ -148,19 +149,13 @@ def versions() -> dict[str, str]:
 
 def run(argv: list[str]) -> None:
     parser = cli.ArgumentParser(prog="python benchmarks/sbx_speed.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--env", default="EpisodicHopper-v5")
-    parser.add_argument("--learning-starts", type=int, default=1000)
-    parser.add_argument("--settle", type=int, default=200)
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=1)
+    add_timing_arguments(parser, learning_starts=1000, settle=200, steps=1000, repeats=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--json", default=None)
     parser.add_argument("--markdown", default=None)
     args = parser.parse_args(argv)
-    # the relabelling buffer needs a whole episode (the 1,000-step cap) before SAC's first update
-    for name, lo in (("learning_starts", 1000), ("settle", 1), ("steps", 1), ("repeats", 1)):
-        cli.check_int(getattr(args, name), f"--{name.replace('_', '-')}", lo)
+    check_timing_arguments(args)
     cli.check_seed(args.seed)
     provenance.check_report_files(args.json, args.markdown)
     from algorithms.common.extras import require_extra
