@@ -67,27 +67,33 @@ def scripted_policy(spec: str, data_root: Path) -> Policy:
     return policy
 
 
-def model_policy(name: str, seed: int, max_new_tokens: int, max_prompt_chars: int) -> Policy:
+def load_model(name: str, seed: int, env_id: str | None):
+    """The model and tokenizer of `--model NAME`: `tiny` is the untrained tiny model of `env_id` (its own vocabulary
+    where the env has one, as training builds it: algorithms.llm.build.model_and_tokenizer)."""
+    if name == "tiny":
+        from algorithms.llm.build import model_and_tokenizer
+
+        return model_and_tokenizer("tiny-random", seed, False, env_id)
+    from transformers import AutoModelForCausalLM
+
+    from algorithms.llm.model.tiny import load_tokenizer
+
+    try:
+        tokenizer = load_tokenizer(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype="auto")
+    except (OSError, ValueError, KeyError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise VcbmGymError(
+            f"--model {name!r} could not be loaded ({first}); expected scripted:..., tiny, or a model path/name"
+        ) from None
+    return model, tokenizer
+
+
+def model_policy(name: str, seed: int, max_new_tokens: int, max_prompt_chars: int, env_id: str | None = None) -> Policy:
     """A ReAct agent over a causal LM (greedy); the prompt is truncated like the LOOP trainer's."""
     import torch
 
-    if name == "tiny":
-        from algorithms.llm.model.tiny import build_tiny
-
-        model, tokenizer = build_tiny(seed)
-    else:
-        from transformers import AutoModelForCausalLM
-
-        from algorithms.llm.model.tiny import load_tokenizer
-
-        try:
-            tokenizer = load_tokenizer(name)
-            model = AutoModelForCausalLM.from_pretrained(name, dtype="auto")
-        except (OSError, ValueError, KeyError) as error:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise VcbmGymError(
-                f"--model {name!r} could not be loaded ({first}); expected scripted:..., tiny, or a model path/name"
-            ) from None
+    model, tokenizer = load_model(name, seed, env_id)
     model.eval()
 
     def policy(task_id: str, messages: list[dict]) -> str | None:
@@ -240,7 +246,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     if args.model.startswith("scripted:"):
         policy = scripted_policy(args.model.removeprefix("scripted:"), data_root)
     else:
-        policy = model_policy(args.model, args.seed, args.max_new_tokens, args.max_prompt_chars)
+        policy = model_policy(args.model, args.seed, args.max_new_tokens, args.max_prompt_chars, args.env)
 
     env_kwargs = {"split": args.split, "max_interactions": args.max_interactions}
     if args.appworld_root:

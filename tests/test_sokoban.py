@@ -378,10 +378,10 @@ def test_the_shared_warm_start_keeps_the_key_the_published_results_record():
 
 def test_the_sokoban_tiny_vocabulary_reads_every_board_and_names_every_move():
     pytest.importorskip("trl")
-    from algorithms.llm.model.sokoban import sokoban_random_tiny
+    from algorithms.llm.model.sokoban import SOKOBAN
     from algorithms.llm.model.tiny import build_tiny_tokenizer
 
-    _, tokenizer = sokoban_random_tiny(0)
+    _, tokenizer = SOKOBAN.random_tiny(0)
     env = SokobanEnv()
     for seed in range(500, 540):  # boards the vocabulary's corpus never played
         obs, _ = env.reset(seed=seed)
@@ -393,10 +393,10 @@ def test_the_sokoban_tiny_vocabulary_reads_every_board_and_names_every_move():
 
 def test_the_sokoban_warm_start_data_are_well_formed_moves_partly_the_solvers():
     pytest.importorskip("trl")
-    from algorithms.llm.model.sokoban import GOLD_RATE, sokoban_examples
+    from algorithms.llm.model.sokoban import GOLD_RATE, SOKOBAN
     from algorithms.llm.model.warm_start import WarmStartConfig
 
-    examples = sokoban_examples(WarmStartConfig(episodes_per_env=40))
+    examples = SOKOBAN.examples(WarmStartConfig(episodes_per_env=40))
     env, episode, optimal = SokobanEnv(), -1, 0
     for example in examples:
         answer = example["completion"][0]["content"]
@@ -419,11 +419,11 @@ def test_the_warm_started_sokoban_model_answers_with_moves_and_trains(tmp_path):
 
     from algorithms.llm.generation.prompting import initial_messages, tiny_system_prompt
     from algorithms.llm.generation.rollout import render
-    from algorithms.llm.model.sokoban import sokoban_tiny
+    from algorithms.llm.model.sokoban import SOKOBAN
     from algorithms.train import run
     from tests.helpers import tiny_llm_argv
 
-    model, tokenizer = sokoban_tiny("tiny", 0)
+    model, tokenizer = SOKOBAN.load("tiny", 0)
     env, moves = SokobanEnv(), 0
     for seed in range(20):
         obs, _ = env.reset(seed=seed)

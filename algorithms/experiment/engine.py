@@ -179,7 +179,7 @@ def command_argv(spec: ExperimentSpec, args: argparse.Namespace, out: Path) -> l
             raise VcbmGymError(f"--max-episodes: experiment {spec.name} trains for iterations; expected none")
         if args.short and "short" not in run:
             raise VcbmGymError(f"--short: experiment {spec.name} declares no short protocol; expected a spec with run.short")
-        llm_study.settings_of(spec.run), llm_study.methods_of(spec.run)  # checked before anything is written
+        llm_study.settings_of(spec.run), llm_study.methods_of(spec.run), llm_study.target_of(spec.run)  # before any write
         return []
     if spec.kind == "compare":
         cap = ["--max-episodes", str(max_episodes)] if max_episodes is not None else []

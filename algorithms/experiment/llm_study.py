@@ -5,17 +5,22 @@ full fine-tuning) with the zoo entry of its env and algo, plus the setting's hyp
 method of a setting, so that only the method's own arguments differ) and the method's (`algo`, `credit`,
 `hyperparams`: e.g. `objective=gspo` or `ratio_sharing=effect`). A spec's `run`:
 
-    settings: {NAME: {env, noise_scale, iterations, turns, rollouts, group, epochs, learning_rate}}
+    settings: {NAME: {env, iterations, turns, rollouts, group, epochs, learning_rate, noise_scale | env_kwargs}}
     methods: {LABEL: {algo: loop, credit: grpo, hyperparams: ["ratio_sharing=effect"]}}
     window: 5          # iterations averaged for the target criterion
+    target: 0.9        # the rate whose first crossing times a run (default 0.9)
     seconds_per_iteration: 0.53   # measured, for `plan`
 
-Per seed the study records iterations until the trailing mean of the optimal-decision rate over `window` iterations
-first reaches 90% (censored at the budget: a lower bound, in the run's favour) and the final optimal rate (the mean of
-the last `window` iterations). A run is reused when its log dir holds a finished run of the same resolved config and
-warm-start model; the others train on the executor's worker processes. The helpers the LLM benchmarks share (jobs,
-reuse, the target criterion, t-intervals, their common options and checks, results.json / run.json / results.md)
-live here.
+A watch env's setting (TextWatchRepair-v0, TextWatchWorkshop-v0) names its noise scale, and `turns` is its max_turns or
+its number of stations; any other env's setting names its `env_kwargs` whole (they replace the zoo entry's), and
+`turns` is the trainer's max_turns.
+
+Per seed the study records iterations until the trailing mean of the task's success rate (`task_goal_completion`:
+the optimal decision on the watch envs) over `window` iterations first reaches the target (censored at the budget: a
+lower bound, in the run's favour) and the final rate (the mean of the last `window` iterations). A run is reused when
+its log dir holds a finished run of the same resolved config and warm-start model; the others train on the executor's
+worker processes. The helpers the LLM benchmarks share (jobs, reuse, the target criterion, t-intervals, their common
+options and checks, results.json / run.json / results.md) live here.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import yaml
 
 from algorithms.common import cli
 from algorithms.common.errors import VcbmGymError
@@ -39,20 +45,23 @@ from algorithms.experiment import executor
 
 TARGET = 0.9
 START_S = 12.0  # CPU seconds of a run's process start, imports, model load and log writing (measured: 11)
-SETTING_KEYS = ("env", "noise_scale", "iterations", "turns", "rollouts", "group", "epochs", "learning_rate")
+SETTING_KEYS = ("env", "iterations", "turns", "rollouts", "group", "epochs", "learning_rate")
+# The watch envs' env kwarg that `turns` sets; their settings name a noise scale, every other env's its env_kwargs
+WATCH_TURN_KEYS = {"TextWatchRepair-v0": "max_turns", "TextWatchWorkshop-v0": "n_stations"}
 METHOD_KEYS = {"algo", "credit", "hyperparams"}
 
 
 @dataclass(frozen=True)
 class Setting:
     env_id: str
-    noise_scale: float
+    noise_scale: float | None  # the watch envs' only
     iterations: int
-    turns: int  # TextWatchRepair's max_turns, or the workshop's n_stations (one station per turn)
+    turns: int  # the trainer's max_turns (on the watch envs also TextWatchRepair's max_turns or the workshop's n_stations)
     rollouts: int  # generation_batch_size: rollouts per iteration
     group: int  # num_generations: K rollouts per task (the LOO group)
     epochs: int  # num_iterations: optimizer steps over each batch
     learning_rate: float
+    env_kwargs: tuple[tuple[str, Any], ...] = ()  # any other env's constructor arguments, whole
 
     def hyperparams(self) -> list[str]:
         return setting_hyperparams(self)
@@ -60,9 +69,12 @@ class Setting:
 
 def setting_hyperparams(setting: Any) -> list[str]:
     """The train overrides of a setting (a `Setting` here or benchmarks/llm_learning.py's, with the same fields)."""
-    key = "max_turns" if setting.env_id == "TextWatchRepair-v0" else "n_stations"
+    if setting.env_id in WATCH_TURN_KEYS:
+        env_kwargs = f"{{{WATCH_TURN_KEYS[setting.env_id]}: {setting.turns}, noise_scale: {setting.noise_scale}}}"
+    else:
+        env_kwargs = yaml.safe_dump(dict(setting.env_kwargs), default_flow_style=True, width=10_000).strip()
     return [
-        f"env_kwargs={{{key}: {setting.turns}, noise_scale: {setting.noise_scale}}}",
+        f"env_kwargs={env_kwargs}",
         f"max_turns={setting.turns}",
         f"generation_batch_size={setting.rollouts}",
         f"num_generations={setting.group}",
@@ -95,16 +107,35 @@ class Job:
 def settings_of(run: dict[str, Any]) -> dict[str, Setting]:
     settings = run.get("settings")
     if not isinstance(settings, dict) or not settings:
-        raise VcbmGymError(f"run.settings={settings!r}: expected {{NAME: {{{', '.join(SETTING_KEYS)}}}}}")
+        raise VcbmGymError(f"run.settings={settings!r}: expected {{NAME: {{{', '.join(SETTING_KEYS)}, ...}}}}")
     out = {}
     for name, s in settings.items():
-        if not isinstance(s, dict) or set(s) != set(SETTING_KEYS):
-            raise VcbmGymError(f"run.settings.{name}={s!r}: expected exactly the keys {', '.join(SETTING_KEYS)}")
+        env_id = s.get("env") if isinstance(s, dict) else None
+        own = ("noise_scale",) if env_id in WATCH_TURN_KEYS else ("env_kwargs",)
+        if not isinstance(s, dict) or set(s) != {*SETTING_KEYS, *own}:
+            raise VcbmGymError(f"run.settings.{name}={s!r}: expected exactly the keys {', '.join((*SETTING_KEYS, *own))}")
+        if "env_kwargs" in s and not isinstance(s["env_kwargs"], dict):
+            raise VcbmGymError(f"run.settings.{name}.env_kwargs={s['env_kwargs']!r}: expected a mapping of the env's arguments")
         out[name] = Setting(
-            s["env"], float(s["noise_scale"]), int(s["iterations"]), int(s["turns"]), int(s["rollouts"]), int(s["group"]),
-            int(s["epochs"]), float(s["learning_rate"]),
+            s["env"], float(s["noise_scale"]) if "noise_scale" in s else None, int(s["iterations"]), int(s["turns"]),
+            int(s["rollouts"]), int(s["group"]), int(s["epochs"]), float(s["learning_rate"]),
+            tuple(sorted((s.get("env_kwargs") or {}).items())),
         )  # fmt: skip
     return out
+
+
+def target_of(run: dict[str, Any]) -> float:
+    """The spec's target rate (`run.target`, default 0.9), a number in (0, 1]."""
+    target = run.get("target", TARGET)
+    if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0 < target <= 1:
+        raise VcbmGymError(f"run.target={target!r}: expected a rate in (0, 1]")
+    return float(target)
+
+
+def target_keys(target: float = TARGET) -> tuple[str, str]:
+    """The results' keys of a target: iterations to it per seed, and whether each seed reached it (e.g. iterations_to_90)."""
+    percent = f"{100 * target:g}".replace(".", "_")
+    return f"iterations_to_{percent}", f"reached_{percent}"
 
 
 def methods_of(run: dict[str, Any]) -> dict[str, Method]:
@@ -327,16 +358,17 @@ def write_outputs(
     print(markdown)
 
 
-def summarise_method(runs: list[list[dict]], window: int) -> dict[str, Any]:
-    """One method's seeds in one setting: the optimal-rate curve with its t-interval, iterations to the target
+def summarise_method(runs: list[list[dict]], window: int, target: float = TARGET) -> dict[str, Any]:
+    """One method's seeds in one setting: the success-rate curve with its t-interval, iterations to the target
     (censored at the budget) and the final rate, per seed."""
     rates = np.array([[h.get("task_goal_completion", np.nan) for h in run] for run in runs], dtype=float)
-    hits = [iterations_to_target(rates[k], window) for k in range(len(runs))]
+    hits = [iterations_to_target(rates[k], window, target) for k in range(len(runs))]
+    to_target, reached = target_keys(target)
     summary = {
         "seeds": len(runs),
         "curves": {"task_goal_completion": dict(zip(("mean", "low", "high"), mean_ci(rates)))},
-        "iterations_to_90": [n for n, _ in hits],
-        "reached_90": [ok for _, ok in hits],
+        to_target: [n for n, _ in hits],
+        reached: [ok for _, ok in hits],
         "final_optimal_rate": [float(r[-window:].mean()) for r in rates],
         "seconds_per_iteration": float(np.mean([h["iteration_time_s"] for run in runs for h in run])),
     }
@@ -353,16 +385,18 @@ def cell_coverage_cell(method: dict[str, Any]) -> str:
     return f"{np.mean(per_seed):.3f} ({min(per_seed):.3f}-{max(per_seed):.3f})" if per_seed else "-"
 
 
-def method_rows(results: dict[str, Any], window: int, noise: bool = False) -> list[str]:
-    """The markdown table of every setting's methods: seeds at 90%, iterations to 90% per seed, final rate, s / iteration
-    (with `noise`, a column of each setting's noise scale after its name)."""
+def method_rows(results: dict[str, Any], window: int, noise: bool = False, target: float = TARGET) -> list[str]:
+    """The markdown table of every setting's methods: seeds at the target, iterations to it per seed, final rate,
+    s / iteration (with `noise`, a column of each setting's noise scale after its name)."""
+    to_target, reached = target_keys(target)
+    percent = f"{100 * target:g}%"
     columns = [
         "setting",
         *(["noise"] if noise else []),
         "method",
-        "seeds at 90%",
-        "iterations to 90% (per seed, * censored)",
-        f"final optimal rate (mean of last {window})",
+        f"seeds at {percent}",
+        f"iterations to {percent} (per seed, * censored)",
+        f"final success rate (mean of last {window})",
         "s / iteration",
     ]
     coverage = any("empo_cell_coverage" in m for r in results.values() for m in r["methods"].values())
@@ -370,12 +404,12 @@ def method_rows(results: dict[str, Any], window: int, noise: bool = False) -> li
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for name, r in results.items():
         for label, m in r["methods"].items():
-            per_seed = ", ".join(f"{n}{'' if ok else '*'}" for n, ok in zip(m["iterations_to_90"], m["reached_90"]))
+            per_seed = ", ".join(f"{n}{'' if ok else '*'}" for n, ok in zip(m[to_target], m[reached]))
             cells = [
                 name,
                 *([str(r["noise_scale"])] if noise else []),
                 label,
-                f"{sum(m['reached_90'])}/{m['seeds']}",
+                f"{sum(m[reached])}/{m['seeds']}",
                 per_seed,
                 f"{np.mean(m['final_optimal_rate']):.3f}",
                 f"{m['seconds_per_iteration']:.2f}",
@@ -385,8 +419,8 @@ def method_rows(results: dict[str, Any], window: int, noise: bool = False) -> li
     return lines
 
 
-def table(results: dict[str, Any], window: int) -> str:
-    return "\n".join(method_rows(results, window)) + "\n"
+def table(results: dict[str, Any], window: int, target: float = TARGET) -> str:
+    return "\n".join(method_rows(results, window, target=target)) + "\n"
 
 
 def plan_jobs(run: dict[str, Any], seeds: range, out: Path, iterations: int | None, warm_start: str) -> list[Job]:
@@ -407,17 +441,30 @@ def plan_jobs(run: dict[str, Any], seeds: range, out: Path, iterations: int | No
     return sorted(jobs, key=lambda job: -job.cost_s)
 
 
+def prebuilt_warm_starts(run: dict[str, Any]) -> str:
+    """Builds the warm-started models the study's runs load before any worker starts (else the first runs of an env
+    build it, several at once): the shared one and that of each setting's env that has its own
+    (algorithms.llm.model.env_models). Returns the shared one's name, its key, which the runs record."""
+    from algorithms.llm.model.env_models import env_tiny_model
+    from algorithms.llm.model.warm_start import cached_warm_start
+
+    for env_id in sorted({setting.env_id for setting in settings_of(run).values()}):
+        env_model = env_tiny_model(env_id)
+        if env_model is not None:
+            env_model.warm_start()
+    return cached_warm_start().name
+
+
 def run_study(
     run: dict[str, Any], seeds: range, out: Path, workers: int, iterations: int | None = None, command: str | None = None
 ) -> dict[str, Any]:
     """Train every run of the study (reusing finished ones) and write OUT/results.json, results.md and run.json."""
     settings_of(run), methods_of(run)  # the data checked before anything is built or written
-    window = int(run.get("window", 5))
+    window, target = int(run.get("window", 5)), target_of(run)
     from algorithms.common.provenance import environment_record
-    from algorithms.llm.model.warm_start import cached_warm_start
 
     record = environment_record()  # the commit the runs ran on, read before they start
-    warm_start = cached_warm_start().name  # built once, before the workers need it; its name is its key
+    warm_start = prebuilt_warm_starts(run)
     jobs = plan_jobs(run, seeds, out, iterations, warm_start)
     out = cli.output_dir(out, "--out")
     start = time.perf_counter()
@@ -428,17 +475,18 @@ def run_study(
         methods = {}
         for label in methods_of(run):
             runs = [histories[j] for j in sorted(jobs, key=lambda j: j.seed) if j.setting == name and j.method == label]
-            methods[label] = summarise_method(runs, window)
+            methods[label] = summarise_method(runs, window, target)
         results[name] = {"env": setting.env_id, "noise_scale": setting.noise_scale,
+                         **({"env_kwargs": dict(setting.env_kwargs)} if setting.env_kwargs else {}),
                          "iterations": iterations or setting.iterations,
                          "hyperparameters": setting.hyperparams(), "methods": methods}  # fmt: skip
-    payload = {"warm_start": warm_start, "target": TARGET, "window": window, "seeds": list(seeds), "settings": results}
+    payload = {"warm_start": warm_start, "target": target, "window": window, "seeds": list(seeds), "settings": results}
     cli.atomic_write_json(out / "results.json", payload)
-    cli.atomic_write_text(out / "results.md", table(results, window))
+    cli.atomic_write_text(out / "results.md", table(results, window, target))
     cli.atomic_write_json(
         out / "run.json",
         {"command": command, "wall_time_s": wall, "warm_start": warm_start, "runs": len(jobs), "runs_reused": reused,
          "run_time_s_sum": sum(h["iteration_time_s"] for j in jobs for h in histories[j]), **record},
     )  # fmt: skip
-    print(table(results, window))
+    print(table(results, window, target))
     return payload

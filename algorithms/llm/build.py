@@ -41,10 +41,12 @@ def write_loop_config(log_dir: Path, algo: str, run_cfg: LoopRunConfig, cfg: Any
 
 
 def model_and_tokenizer(name: str, seed: int, bf16: bool, env_id: str | None = None):
-    if name in ("tiny", "tiny-random") and env_id == "Sokoban-v0":  # the shared tiny vocabulary has no Sokoban words
-        from algorithms.llm.model.sokoban import sokoban_tiny
+    if name in ("tiny", "tiny-random"):
+        from algorithms.llm.model.env_models import env_tiny_model
 
-        return sokoban_tiny(name, seed)
+        env_model = env_tiny_model(env_id)  # an env whose words the shared tiny vocabulary lacks has models of its own
+        if env_model is not None:
+            return env_model.load(name, seed)
     if name == "tiny" and env_id == "TextThinkSolve-v0":  # its roles also write SEPO's rating (two_role/warm_start.py)
         from algorithms.llm.two_role.warm_start import warm_started_two_role
 
