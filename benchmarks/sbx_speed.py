@@ -1,7 +1,8 @@
 """SB3 against SBX as the SB3 arm's engine: steps/s of SAC, SAC+IRCR and SAC+RRD past their warm-up, side by side.
 
     python benchmarks/sbx_speed.py [--env EpisodicHopper-v5] [--learning-starts 1000] [--settle 200] [--steps 1000]
-        [--repeats 1] [--seed 0] [--json benchmarks/results/sbx_speed.json] [--markdown benchmarks/results/sbx_speed.md]
+        [--repeats 1] [--seed 0] [--variants sac sac+ircr sac+rrd sac+rrd-jax]
+        [--json benchmarks/results/sbx_speed.json] [--markdown benchmarks/results/sbx_speed.md]
 
 Each run is `python -m algorithms.train`'s own build (algorithms/sb3/runner.py) of zoo_configs/sac.yml's entry, with
 `--hyperparams engine=sb3` or `engine=sbx` (algorithms/sb3/engines.py), `torch_threads: 1` (torch, numpy's BLAS and,
@@ -13,8 +14,10 @@ learning steps: SBX's JIT compilation and the first allocations fall outside it.
 replay buffer's condition (learning_starts >= one episode, 1,000 steps on the MuJoCo tasks).
 
 Besides steps/s, each run reports the share of its clocked time spent in the credit rule's own code (its rewards
-for an ended episode, its learning from it, and the relabelling of every sampled batch): RRD's reward model is
-numpy on the CPU whichever engine trains the agent. The machine's load average is recorded before and after.
+for an ended episode, its learning from it, and the relabelling of every sampled batch). RRD's reward model runs on
+the CPU whichever engine trains the agent: `sac+rrd` computes it in numpy (`backend: numpy`), `sac+rrd-jax` in JAX
+(`backend: jax`, vcbm_gym/credit/rrd_jax.py), on zoo_configs/sac.yml's model otherwise; `--variants` picks the variants
+to run (all four by default). The machine's load average is recorded before and after.
 """
 
 from __future__ import annotations
@@ -38,7 +41,13 @@ from algorithms.common import cli, provenance  # noqa: E402
 from benchmarks.sac_speed_levers import add_timing_arguments, check_timing_arguments  # noqa: E402
 
 ENGINES = ("sb3", "sbx")
-VARIANTS = {"sac": "none", "sac+ircr": "ircr", "sac+rrd": "rrd"}  # label -> --credit
+# label -> (--credit, options over zoo_configs/sac.yml's credit_kwargs for it)
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "sac": ("none", {}),
+    "sac+ircr": ("ircr", {}),
+    "sac+rrd": ("rrd", {"backend": "numpy"}),
+    "sac+rrd-jax": ("rrd", {"backend": "jax"}),
+}
 RULE_METHODS = ("rewards", "observe", "transition_rewards")  # what the credit slot and the buffer call on a rule
 
 
@@ -70,10 +79,14 @@ def child(variant: str, engine: str, env_id: str, seed: int, learning_starts: in
     from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 
     from algorithms.sb3.runner import build
-    from algorithms.train import resolve_spec
+    from algorithms.train import resolve_spec, zoo_hyperparams
 
     total, start = learning_starts + settle + steps, learning_starts + settle
-    more = {"engine": engine, "credit": VARIANTS[variant], "max_steps": total, "learning_starts": learning_starts}
+    credit, options = VARIANTS[variant]
+    more = {"engine": engine, "credit": credit, "max_steps": total, "learning_starts": learning_starts}
+    if options:
+        zoo_options = zoo_hyperparams("sac", env_id).get("credit_kwargs", {})
+        more["credit_kwargs"] = {**zoo_options, credit: {**zoo_options.get(credit, {}), **options}}
     spec = resolve_spec("sac", env_id, seed, {**more, "torch_threads": 1})
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -124,16 +137,16 @@ def mean(values: list[float]) -> float:
 
 def report(rows: list[dict[str, Any]]) -> list[str]:
     head = ["variant", "sb3 steps/s", "sbx steps/s", "sbx/sb3", "rule share sb3", "rule share sbx"]
-    lines = [f"{head[0]:10s} " + " ".join(f"{h:>15s}" for h in head[1:])]
+    lines = [f"{head[0]:11s} " + " ".join(f"{h:>15s}" for h in head[1:])]
     for variant in VARIANTS:
         mine = {e: [r for r in rows if r["variant"] == variant and r["engine"] == e] for e in ENGINES}
         if not all(mine.values()):
             continue
         rate = {e: mean([r["steps_per_s"] for r in mine[e]]) for e in ENGINES}
         share = {e: mean([r["rule_share"] for r in mine[e]]) for e in ENGINES}
-        shares = [f"{share[e]:.1%}" if VARIANTS[variant] != "none" else "-" for e in ENGINES]
+        shares = [f"{share[e]:.1%}" if VARIANTS[variant][0] != "none" else "-" for e in ENGINES]
         cells = [f"{rate['sb3']:.1f}", f"{rate['sbx']:.1f}", f"{rate['sbx'] / rate['sb3']:.2f}x", *shares]
-        lines.append(f"{variant:10s} " + " ".join(f"{c:>15s}" for c in cells))
+        lines.append(f"{variant:11s} " + " ".join(f"{c:>15s}" for c in cells))
     return lines
 
 
@@ -175,7 +188,7 @@ def run(argv: list[str]) -> None:
     for repeat, variant, engine in planned:
         rows.append({"variant": variant, "engine": engine, "repeat": repeat, **run_one(variant, engine, args)})
         rows[-1]["load_after"] = os.getloadavg()
-        print(f"{variant:10s} {engine}  repeat {repeat}: {rows[-1]['steps_per_s']:.1f} steps/s", flush=True)
+        print(f"{variant:11s} {engine}  repeat {repeat}: {rows[-1]['steps_per_s']:.1f} steps/s", flush=True)
         # the report so far after every run: a stopped benchmark keeps what it measured
         record.update(load_after=os.getloadavg(), runs_done=len(rows), runs_planned=len(planned))
         lines = report(rows)

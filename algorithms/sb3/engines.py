@@ -14,13 +14,16 @@ Threads: JAX's CPU backend (XLA) reads its thread settings from `XLA_FLAGS` once
 `configure_jax` writes them from the run's `torch_threads` before sbx (and with it jax) is imported, so that one
 setting keeps torch, numpy's BLAS and XLA to the run's cores: `torch_threads: 1` (the default) makes XLA single-threaded.
 XLA's default, a thread per core, contends with an experiment's other workers as numpy's BLAS did
-(benchmarks/sac_speed_levers.py).
+(benchmarks/sac_speed_levers.py). A credit rule that computes in JAX (RRD's `backend: jax`, vcbm_gym/credit/rrd_jax.py)
+starts jax too, under either engine: the same settings go first (`rule_uses_jax`). RRD stays numpy under sbx unless
+the run's credit_kwargs choose jax: on Hopper the JAX model measured no faster (vcbm_gym/credit/rrd.py says why).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from algorithms.common.config import load_object
@@ -78,6 +81,12 @@ def configure_jax(threads: int, device: str) -> None:
     os.environ["XLA_FLAGS"] = xla_flags(threads, os.environ.get("XLA_FLAGS"))
     if device == "cpu":  # JAX would otherwise take a GPU it sees, whatever the run's device says
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def rule_uses_jax(credit: str, credit_kwargs: Any) -> bool:
+    """Whether the run's credit rule computes in JAX (RRD with `backend: jax` in its credit_kwargs)."""
+    options = credit_kwargs.get(credit) if isinstance(credit_kwargs, Mapping) else None
+    return credit == "rrd" and isinstance(options, Mapping) and options.get("backend") == "jax"
 
 
 def algo_class(algo: str, engine: str = SB3) -> type:

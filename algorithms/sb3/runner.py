@@ -211,7 +211,8 @@ def _configs(algo: str, mapping: Mapping[str, Any]) -> tuple[SB3RunConfig, dict[
     (run_cfg,) = build_dataclasses(
         {k: v for k, v in mapping.items() if k in run_names}, [SB3RunConfig], owner=owner(algo, engine)
     )
-    if engine == engines.SBX:  # before sbx imports jax: XLA reads its thread settings once
+    # before sbx, or a rule computing in JAX, imports jax: XLA reads its thread settings once
+    if engine == engines.SBX or engines.rule_uses_jax(run_cfg.credit, run_cfg.credit_kwargs):
         engines.configure_jax(run_cfg.torch_threads, run_cfg.device)
     defaults = algo_defaults(algo_class(algo, engine))
     unknown = [key for key in mapping if key not in run_names and key not in defaults]

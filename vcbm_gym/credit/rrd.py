@@ -43,6 +43,14 @@ Choices where the paper is silent or tuned for MuJoCo:
   respect to the rewards stay float64. The same math to float32 rounding (tested against the float64 step);
   about half the time of the model's step and a quarter of the replay buffer's relabelling forward pass on the
   256-256 MuJoCo model; SAC + RRD on Hopper 1.2-1.5x faster end to end (benchmarks/sac_speed_levers.py).
+- `backend: jax` (an option; numpy the default): the same model in JAX (vcbm_gym/credit/rrd_jax.py, imported only
+  when chosen; jax comes with the `sbx` extra): the same parameters and initialisation, the same subsets (the rule's
+  numpy rng), the same loss (`loss_terms`, written once for numpy and jax.numpy) with its gradient by jax.grad, and
+  Adam's update by optax (torch.optim.Adam's maths); a step is one compiled XLA call. Both backends read and write
+  the same state dict, so a run saved by one resumes on the other. Not the default under SBX either: a step of the
+  256-256 MuJoCo model is a few dense products, compute-bound on one core, and XLA's took as long as numpy's BLAS
+  (SAC + RRD on Hopper under sbx ran slower with it on a loaded two-core machine: benchmarks/sbx_speed.py's
+  sac+rrd-jax against sac+rrd).
 - Schedule: on each `observe`, the episodes enter a FIFO lesson buffer (`rudder.LessonBuffer`);
   once it holds `min_buffer_episodes`, `train_steps` Adam steps each on `episodes_per_step`
   buffer episodes, one random subset of K steps per episode.
@@ -53,8 +61,9 @@ rule gives its redistributed reward); the raw rewards until the first training s
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+import importlib.util
+from dataclasses import asdict, dataclass, replace
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -73,6 +82,7 @@ from vcbm_gym.credit.features import (
 from vcbm_gym.credit.model_training import AdamState, LessonBuffer, adam_step, learned_rule_config
 
 DTYPES = ("float64", "float32")
+BACKENDS = ("numpy", "jax")
 
 
 @dataclass
@@ -91,6 +101,7 @@ class RRDConfig:
     per_step_loss: bool = False  # the reference code's units: each episode's loss divided by T^2 (every length weighs alike)
     train_steps_per_env_step: float = 0.0  # more Adam steps per observe: this many per observed transition (reference: 1)
     dtype: str = "float64"  # the model's parameters and products: float64, or float32 (faster; see the docstring)
+    backend: str = "numpy"  # what computes the model: numpy, or jax (rrd_jax.py; the sbx extra)
 
     def __post_init__(self) -> None:
         self.hidden_sizes = options.layer_widths("hidden_sizes", self.hidden_sizes)
@@ -104,6 +115,8 @@ class RRDConfig:
         self.train_steps_per_env_step = options.number("train_steps_per_env_step", self.train_steps_per_env_step, 0)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype={self.dtype!r}: expected one of {', '.join(DTYPES)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend={self.backend!r}: expected one of {', '.join(BACKENDS)}")
 
 
 class RewardModel(nn.Module):
@@ -124,6 +137,34 @@ class RewardModel(nn.Module):
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return self.net(features).squeeze(-1)
+
+
+class LossTerms(NamedTuple):
+    """`loss_terms`' per-episode values (B,): the surrogate and correction terms, and what their gradient reads."""
+
+    surrogate: Any  # (G_i - T_i/n_i sum_{t in I_i} r_t)^2, per-step weighted
+    correction: Any  # coef_i * s_i^2
+    residual: Any  # G_i - T_i/n_i sum_{t in I_i} r_t
+    centred: Any  # (B, K) r_t - mean_{I_i} r on the sampled steps, 0 elsewhere
+    n: Any  # n_i, the real samples
+    dof: Any  # n_i - 1 (1 where n_i < 2)
+    coef: Any  # T_i^2 (1 - n_i/T_i) / n_i (0 where n_i < 2), per-step weighted
+    weight: Any  # 1 / T_i^2 with per_step, else 1
+
+
+def loss_terms(r: Any, m: Any, t: Any, g: Any, per_step: bool, xp: Any = np) -> LossTerms:
+    """`rrd_loss`'s per-episode terms of rewards r (B, K), float mask m (B, K), lengths t (B,) and returns g (B,), in
+    array module `xp` (numpy, or jax.numpy for rrd_jax.py: one formula for both backends)."""
+    n = m.sum(axis=1)
+    total = (r * m).sum(axis=1)
+    residual = g - t / n * total
+    centred = (r - (total / n)[:, None]) * m
+    has_var = n > 1
+    dof = xp.where(has_var, n - 1.0, 1.0)
+    weight = 1.0 / t**2 if per_step else xp.ones_like(t)
+    coef = xp.where(has_var, t**2 * (1.0 - n / t) / n, 0.0) * weight  # correction_i = coef_i * s_i^2
+    correction = coef * (centred**2).sum(axis=1) / dof
+    return LossTerms(residual**2 * weight, correction, residual, centred, n, dof, coef, weight)
 
 
 def rrd_loss(
@@ -149,36 +190,26 @@ def rrd_loss(
     r = np.asarray(step_rewards, dtype=np.float64)
     m = np.asarray(sample_mask, dtype=np.float64)
     t = np.asarray(lengths, dtype=np.float64)
-    g = np.asarray(returns, dtype=np.float64)
+    terms = loss_terms(r, m, t, np.asarray(returns, dtype=np.float64), per_step)
     batch = len(r)
-    n = m.sum(axis=1)
-    residual = g - t / n * (r * m).sum(axis=1)
-    surrogate = residual**2
-    mean = (r * m).sum(axis=1) / n
-    centred = (r - mean[:, None]) * m
-    has_var = n > 1
-    dof = np.where(has_var, n - 1.0, 1.0)
-    sample_var = (centred**2).sum(axis=1) / dof
-    coef = np.where(has_var, t**2 * (1.0 - n / t) / n, 0.0)  # correction_i = coef_i * s_i^2
-    weight = 1.0 / t**2 if per_step else np.ones_like(t)
-    surrogate, coef = surrogate * weight, coef * weight
-    correction = coef * sample_var
-    grad = (-2.0 * residual * t / n * weight)[:, None] * m / batch
-    loss = float(surrogate.mean())
+    surrogate, correction = terms.surrogate.mean(), terms.correction.mean()
+    grad = (-2.0 * terms.residual * t / terms.n * terms.weight)[:, None] * m / batch
+    loss = float(surrogate)
     if bias_correction:
-        loss -= float(correction.mean())
-        grad -= (2.0 * coef / dof)[:, None] * centred / batch  # d s^2 / d r_k = 2 (r_k - mean) / (n - 1)
-    return loss, float(surrogate.mean()), float(correction.mean()), grad
+        loss -= float(correction)
+        grad -= (2.0 * terms.coef / terms.dof)[:, None] * terms.centred / batch  # d s^2 / d r_k = 2 (r_k - mean) / (n - 1)
+    return loss, float(surrogate), float(correction), grad
 
 
-def mlp_forward(params: list[np.ndarray], features: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-    """r_theta of (..., F) features with `RewardModel`'s parameters [W_1, b_1, ..., W_L, b_L]: (rewards (...), activations)."""
+def mlp_forward(params: list[np.ndarray], features: np.ndarray, xp: Any = np) -> tuple[np.ndarray, list[np.ndarray]]:
+    """r_theta of (..., F) features with `RewardModel`'s parameters [W_1, b_1, ..., W_L, b_L]: (rewards (...), activations);
+    `xp` the array module (numpy, or jax.numpy for rrd_jax.py)."""
     activations = [features]
     h = features
     for layer in range(0, len(params), 2):
         h = h @ params[layer].T + params[layer + 1]
         if layer + 2 < len(params):
-            h = np.maximum(h, 0.0)
+            h = xp.maximum(h, 0.0)
         activations.append(h)
     return h[..., 0], activations
 
@@ -210,6 +241,24 @@ def sample_subsets(rng: np.random.Generator, lengths: np.ndarray, size: int) -> 
     return np.where(mask, indices, 0), mask
 
 
+def jax_backend() -> Any:
+    """vcbm_gym.credit.rrd_jax, imported when a rule first chooses it (jax starts then: the SB3 arm has set XLA's
+    threads before); a missing jax or optax is one ValueError line naming the extra that brings them."""
+    for module in ("jax", "optax"):
+        try:
+            found = importlib.util.find_spec(module)
+        except (ImportError, ValueError):  # set to None in sys.modules, or left half-imported
+            found = None
+        if found is None:
+            raise ValueError(
+                f"backend='jax' needs {module}, which is not installed: install the sbx extra "
+                '(pip install -e ".[sbx]"), or expected backend numpy'
+            )
+    from vcbm_gym.credit import rrd_jax
+
+    return rrd_jax
+
+
 @dataclass
 class TrainingStats:
     steps: int = 0
@@ -235,10 +284,12 @@ class RRDRule(RewardRule):
         cfg = learned_rule_config("RRDRule", featurizer, config, RRDConfig, overrides)
         self.config, self.featurizer = cfg, featurizer
         self.n_features = int(featurizer.n_features)
-        self.model = RewardModel(self.n_features, cfg.hidden_sizes, seed, cfg.dtype)
+        model = RewardModel(self.n_features, cfg.hidden_sizes, seed, cfg.dtype)
         self.dtype = np.dtype(cfg.dtype)
-        self.params = [p.detach().numpy() for p in self.model.parameters()]  # numpy views, updated in place by Adam
-        self.adam = AdamState.zeros_like(self.params)
+        params = [p.detach().numpy() for p in model.parameters()]  # numpy views, updated in place by the numpy Adam
+        self.jax = jax_backend().JaxRewardModel(params, cfg) if cfg.backend == "jax" else None
+        self.model = model if self.jax is None else None  # the JAX backend keeps its own copy of the weights
+        self._params, self._adam = (params, AdamState.zeros_like(params)) if self.jax is None else ([], AdamState(0, [], []))
         self.buffer = LessonBuffer(cfg.buffer_capacity, 1, self.n_features, seed)
         self.rng = np.random.default_rng(np.random.SeedSequence([seed, 0x44D]))
         self.episodes_seen = 0
@@ -264,6 +315,16 @@ class RRDRule(RewardRule):
     def trained(self) -> bool:
         return self.stats.steps > 0
 
+    @property
+    def params(self) -> list[np.ndarray]:
+        """[W_1, b_1, ..., W_L, b_L] in numpy: the numpy backend's own arrays, a copy of the JAX backend's."""
+        return self._params if self.jax is None else self.jax.params()
+
+    @property
+    def adam(self) -> AdamState:
+        """Adam's state in numpy: the numpy backend's own, a copy of the JAX backend's (optax's count and moments)."""
+        return self._adam if self.jax is None else self.jax.adam()
+
     def _features(self, batch: EpisodeBatch) -> tuple[np.ndarray, np.ndarray]:
         lengths, real = prefix_steps(batch, "RRDRule")
         inputs = [real(batch.observations), real(batch.actions)]
@@ -282,13 +343,23 @@ class RRDRule(RewardRule):
         rewards, activations = mlp_forward(self.params, rows)
         return rewards.reshape(np.shape(features)[:-1]), activations
 
+    def sample(
+        self, features: np.ndarray, lengths: np.ndarray, returns: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One random subset of each episode's steps (the rule's rng, either backend): (features (B, K, F), mask (B, K),
+        lengths, returns)."""
+        indices, mask = sample_subsets(self.rng, lengths, self.config.subsequence_size)
+        return np.take_along_axis(features, indices[:, :, None], axis=1), mask, lengths, returns
+
     def loss_and_gradients(
         self, features: np.ndarray, lengths: np.ndarray, returns: np.ndarray
     ) -> tuple[tuple[float, float, float], list[np.ndarray]]:
         """((loss, surrogate, correction), parameter gradients) on one random subset of each episode's steps."""
         cfg = self.config
-        indices, mask = sample_subsets(self.rng, lengths, cfg.subsequence_size)
-        step_rewards, activations = self.forward(np.take_along_axis(features, indices[:, :, None], axis=1))
+        sampled, mask, lengths, returns = self.sample(features, lengths, returns)
+        if self.jax is not None:
+            return self.jax.loss_and_gradients(sampled, mask, lengths, returns)
+        step_rewards, activations = self.forward(sampled)
         loss, surrogate, correction, d_rewards = rrd_loss(
             step_rewards, mask, lengths, returns, cfg.bias_correction, cfg.per_step_loss
         )
@@ -298,8 +369,12 @@ class RRDRule(RewardRule):
     def train_step(self) -> float:
         """One Adam step of the (corrected) surrogate on `episodes_per_step` buffer episodes; returns the loss."""
         cfg = self.config
-        (loss, surrogate, correction), grads = self.loss_and_gradients(*self.buffer.sample(cfg.episodes_per_step))
-        adam_step(self.params, grads, self.adam, cfg.learning_rate, 0.0)
+        episodes = self.buffer.sample(cfg.episodes_per_step)
+        if self.jax is not None:  # the gradient and the Adam update in one compiled call
+            loss, surrogate, correction = self.jax.train_step(*self.sample(*episodes))
+        else:
+            (loss, surrogate, correction), grads = self.loss_and_gradients(*episodes)
+            adam_step(self._params, grads, self._adam, cfg.learning_rate, 0.0)
         stats = self.stats
         stats.steps += 1
         stats.loss, stats.surrogate, stats.correction = loss, surrogate, correction
@@ -320,7 +395,8 @@ class RRDRule(RewardRule):
     def model_rewards(self, batch: EpisodeBatch) -> np.ndarray:
         """(B, T) r_theta(s_t, a_t) on the trained steps, 0 elsewhere."""
         features, _ = self._features(batch)
-        return np.where(batch.mask, self.forward(features)[0].astype(np.float64), 0.0)
+        rewards = self.forward(features)[0] if self.jax is None else self.jax.rewards(features)
+        return np.where(batch.mask, rewards.astype(np.float64), 0.0)
 
     def rewards(self, batch: EpisodeBatch) -> np.ndarray:
         """The learned proxy rewards r_theta(s_t, a_t); the raw rewards until the first training step."""
@@ -372,15 +448,21 @@ class RRDRule(RewardRule):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if RRDConfig(**state["config"]) != self.config:
+        # the backend computes the same model: a state saved by one continues on the other
+        if replace(RRDConfig(**state["config"]), backend=self.config.backend) != self.config:
             raise ValueError("RRDRule.load_state_dict: the saved config differs from this rule's config")
         if state["n_features"] != self.n_features:
             raise ValueError(f"RRDRule.load_state_dict: saved with {state['n_features']} features, expected {self.n_features}")
-        for param, saved in zip(self.params, state["params"]):
-            param[...] = np.asarray(saved, dtype=self.dtype)
+        params = [np.array(saved, dtype=self.dtype) for saved in state["params"]]
         optimizer = state["optimizer"]
         moments = [[np.array(m, dtype=self.dtype) for m in optimizer[key]] for key in ("exp_avg", "exp_avg_sq")]
-        self.adam = AdamState(int(optimizer["step"]), *moments)
+        adam = AdamState(int(optimizer["step"]), *moments)
+        if self.jax is not None:
+            self.jax.load(params, adam)
+        else:
+            for param, saved in zip(self._params, params):
+                param[...] = saved
+            self._adam = adam
         self.buffer.load_state_dict(state["buffer"])
         self.rng.bit_generator.state = state["rng"]
         self.episodes_seen = int(state["episodes_seen"])
