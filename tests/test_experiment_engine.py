@@ -228,3 +228,13 @@ def test_list_says_where_each_experiments_results_stand(capsys):
     assert set(rows) == set(specs.spec_names())
     assert " predates-spec " in rows["table2"] and " registered " in rows["vcbm_plus"]
     assert " no results " in rows["bsuite_discounting_chain_power"]
+
+
+def test_a_script_experiment_gets_workers_only_when_run_is_given_it():
+    import argparse
+
+    spec = specs.load_spec("two_role_credit_rated")
+    given = argparse.Namespace(short=False, seeds=None, seed_start=None, max_episodes=None, workers=1, no_progress=True,
+                               backend="process", address=None)  # fmt: skip
+    assert engine.command_argv(spec, given, Path("out"))[-2:] == ["--workers", "1"]
+    assert "--workers" not in engine.command_argv(spec, argparse.Namespace(**{**vars(given), "workers": None}), Path("out"))

@@ -30,6 +30,7 @@ from algorithms.experiment.specs import ExperimentSpec
 
 MAX_SEEDS = 10_000  # per method, as compare and suite accept (algorithms.experiment.jobs)
 MAX_WORKERS = 256
+DEFAULT_WORKERS = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,7 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seeds", type=int, default=None, help="Seeds per method (default: the spec's).")
     run.add_argument("--seed-start", type=int, default=None, help="The first seed (default: the spec's).")
     run.add_argument("--max-episodes", type=int, default=None, help="The episode cap of every run (default: the spec's).")
-    run.add_argument("--workers", type=int, default=2, help="Runs at once.")
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help=f"Runs at once (default {DEFAULT_WORKERS}; a benchmark script gets it as --workers).",
+    )
     run.add_argument("--backend", default="process", help="Where the runs go: process or ray.")
     run.add_argument("--address", default=None, help="With --backend ray: an existing cluster.")
     run.add_argument("--no-progress", action="store_true", help="No progress bars.")
@@ -170,7 +176,9 @@ def command_argv(spec: ExperimentSpec, args: argparse.Namespace, out: Path) -> l
     seeds = args.seeds if args.seeds is not None else run.pop("seeds", len(spec.seeds))
     seed_start = args.seed_start if args.seed_start is not None else spec.seeds.start
     max_episodes = args.max_episodes if args.max_episodes is not None else run.get("max_episodes")
-    common = ["--workers", str(args.workers), "--out", str(out)] + (["--no-progress"] if args.no_progress else [])
+    common = ["--workers", str(args.workers or DEFAULT_WORKERS), "--out", str(out)] + (
+        ["--no-progress"] if args.no_progress else []
+    )
     common += ["--backend", args.backend] + (["--address", args.address] if args.address else [])
     hyperparams = ["--hyperparams", *run["hyperparams"]] if run.get("hyperparams") else []
     seeding = ["--seeds", str(seeds), "--seed-start", str(seed_start)]
@@ -196,7 +204,8 @@ def command_argv(spec: ExperimentSpec, args: argparse.Namespace, out: Path) -> l
             f"experiment {spec.name} runs a benchmark with its own seeds and budget: "
             "expected no --seeds, --seed-start or --max-episodes"
         )
-    return [*map(str, run["command"]), "--out", str(out / run["out"]) if run.get("out") else str(out)]
+    workers = ["--workers", str(args.workers)] if args.workers is not None else []  # else the script's own default
+    return [*map(str, run["command"]), "--out", str(out / run["out"]) if run.get("out") else str(out), *workers]
 
 
 def check_out(spec: ExperimentSpec, out: Path, record: dict[str, Any]) -> None:
@@ -217,7 +226,8 @@ def check_out(spec: ExperimentSpec, out: Path, record: dict[str, Any]) -> None:
 
 def cmd_run(args: argparse.Namespace) -> None:
     spec = specs.load_spec(args.name)
-    cli.check_int(args.workers, "--workers", 1, MAX_WORKERS)
+    if args.workers is not None:
+        cli.check_int(args.workers, "--workers", 1, MAX_WORKERS)
     if args.seeds is not None:
         cli.check_int(args.seeds, "--seeds", 1, MAX_SEEDS)
     if args.seed_start is not None:
@@ -241,7 +251,9 @@ def cmd_run(args: argparse.Namespace) -> None:
             first = args.seed_start if args.seed_start is not None else spec.seeds.start
             seeds = range(first, first + n)
             command_line = provenance.command_line("python -m algorithms.experiment", args.argv)
-            return llm_study.run_study(spec.run, seeds, out, args.workers, short.get("iterations"), command_line)
+            return llm_study.run_study(
+                spec.run, seeds, out, args.workers or DEFAULT_WORKERS, short.get("iterations"), command_line
+            )
     else:
         command = compare.run if spec.kind == "compare" else suite.run
     created = not out.exists()
