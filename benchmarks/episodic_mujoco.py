@@ -11,6 +11,9 @@ deterministic policy every `--eval-every` steps. Methods:
 - `sac+rrd`: RRD's reward model on [s, a, s - s'], relabelled in the replay buffer;
 - `sac-dense`: SAC on the dense reward of the same task (the upper reference).
 
+`--engine sbx` trains them on SBX (the `sbx` extra); `--engine sb3 sbx` trains each method on both engines side by
+side (labels `METHOD` and `METHOD@sbx`) and reports each sbx method's P(improvement) over the same method on sb3.
+
 Runs go through algorithms.experiment's jobs: a finished run of the same config (its hash) is reused, so a stopped
 benchmark resumes where it stopped (`--out`), and `--backend ray [--address ...]` runs the same jobs on a Ray
 cluster, unchanged. `--measure STEPS` prints each method's steps/s here (one process, one torch thread) and runs
@@ -93,11 +96,28 @@ DEFAULT_LEARNING_STARTS = 5_000
 
 def method_env(method: str, env: str) -> str:
     """`sac-dense` trains on the dense task under the episodic one (EpisodicHopper-v5 -> Hopper-v5)."""
-    return env.removeprefix("Episodic") if method == "sac-dense" else env
+    return env.removeprefix("Episodic") if base_method(method) == "sac-dense" else env
+
+
+def labels(methods: list[str], engines: list[str]) -> dict[str, tuple[str, str]]:
+    """label -> (method, engine): the method's own name under one engine; under several, `METHOD@ENGINE` for each engine
+    but sb3 (e.g. `sac` and `sac@sbx`), so that one run compares the engines side by side."""
+    if len(engines) == 1:
+        return {method: (method, engines[0]) for method in methods}
+    return {(method if engine == "sb3" else f"{method}@{engine}"): (method, engine) for engine in engines for method in methods}
+
+
+def base_method(label: str) -> str:
+    return label.split("@")[0]
+
+
+def sb3_label(label: str) -> str | None:
+    """The same method's label under sb3, for a label of another engine (`sac+ircr@sbx` -> `sac+ircr`); else None."""
+    return base_method(label) if "@" in label else None
 
 
 def method_spec(method: str, env: str, steps: int, eval_every: int, learning_starts: int, engine: str = "sb3"):
-    credit, settings = METHODS[method]
+    credit, settings = METHODS[base_method(method)]
     overrides = {
         "credit": credit,
         "max_steps": steps,
@@ -129,8 +149,11 @@ def env_results(env: str, methods: list[str], jobs_of: dict[str, list]) -> tuple
             "aggregates": stats.aggregate_estimates(final[m]),
             "curve_mean": curves[m].mean(axis=0).tolist(),
         }
-        if m in OVER_BASE and "sac" in final:
-            out["methods"][m]["p_improvement_over_sac"] = stats.improvement_estimate(final[m], final["sac"], False)
+        engine_sac = "sac" + m[len(base_method(m)) :]  # episodic SAC under the same engine
+        if base_method(m) in OVER_BASE and engine_sac in final:
+            out["methods"][m]["p_improvement_over_sac"] = stats.improvement_estimate(final[m], final[engine_sac], False)
+        if sb3_label(m) in final:  # the engines compared: not worse beyond noise is what keeps sbx as a default
+            out["methods"][m]["p_improvement_over_sb3"] = stats.improvement_estimate(final[m], final[sb3_label(m)], False)
     return out, steps, curves
 
 
@@ -151,18 +174,23 @@ def plot(env: str, steps: np.ndarray, curves: dict[str, np.ndarray], path: Path)
     plt.close(fig)
 
 
+def _estimate_text(p: dict[str, Any] | None) -> str:
+    return f"{p['estimate']:.2f} [{p['ci_low']:.2f}, {p['ci_high']:.2f}]" if p and p["ci_low"] is not None else "-"
+
+
 def table(results: dict[str, Any]) -> str:
-    lines = [
-        "| env | method | final true return, mean [95% CI] | IQM | P(improvement) over sac [95% CI] |",
-        "|---|---|---|---|---|",
-    ]
+    engines = any("p_improvement_over_sb3" in r for res in results["envs"].values() for r in res["methods"].values())
+    columns = ["env", "method", "final true return, mean [95% CI]", "IQM", "P(improvement) over sac [95% CI]"]
+    columns += ["P(improvement) over the same method on sb3 [95% CI]"] if engines else []
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for env, res in results["envs"].items():
         for method, r in res["methods"].items():
             mean, iqm = r["aggregates"]["mean"], r["aggregates"]["iqm"]
-            p = r.get("p_improvement_over_sac")
-            p_text = f"{p['estimate']:.2f} [{p['ci_low']:.2f}, {p['ci_high']:.2f}]" if p and p["ci_low"] is not None else "-"
             ci = f"[{mean['ci_low']:.1f}, {mean['ci_high']:.1f}]" if mean["ci_low"] is not None else ""
-            lines.append(f"| {env} | {method} | {mean['estimate']:.1f} {ci} | {iqm['estimate']:.1f} | {p_text} |")
+            cells = [env, method, f"{mean['estimate']:.1f} {ci}", f"{iqm['estimate']:.1f}"]
+            cells += [_estimate_text(r.get("p_improvement_over_sac"))]
+            cells += [_estimate_text(r.get("p_improvement_over_sb3"))] if engines else []
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -187,7 +215,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, seeds: int) -> None:
     """The per-run budget (this benchmark's and benchmarks/reward_fit.py's): seeds, steps, evaluation, warm-up, workers."""
     parser.add_argument("--seeds", type=int, default=seeds)
     parser.add_argument("--seed-start", type=int, default=0, help="the first seed (seeds run from it upwards)")
-    parser.add_argument("--engine", choices=("sb3", "sbx"), default="sb3", help="SAC's engine (sbx: the `sbx` extra)")
+    parser.add_argument(
+        "--engine", nargs="+", choices=("sb3", "sbx"), default=["sb3"],
+        help="SAC's engine (sbx: the `sbx` extra); two engines run every method under each, labelled METHOD@sbx",
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="env steps per run")
     parser.add_argument("--eval-every", type=int, default=DEFAULT_EVAL_EVERY)
     parser.add_argument("--learning-starts", type=int, default=DEFAULT_LEARNING_STARTS)
@@ -209,11 +240,11 @@ def method_jobs(args: argparse.Namespace, out: Path) -> dict[str, dict[str, list
     jobs_of: dict[str, dict[str, list]] = {}
     for env in args.envs:
         jobs_of[env] = {}
-        for method in args.methods:
-            spec = method_spec(method, env, args.steps, args.eval_every, args.learning_starts, args.engine)
-            where = out / "runs" / env / method
+        for label, (method, engine) in labels(args.methods, args.engine).items():
+            spec = method_spec(method, env, args.steps, args.eval_every, args.learning_starts, engine)
+            where = out / "runs" / env / label
             seeds = range(args.seed_start, args.seed_start + args.seeds)
-            jobs_of[env][method] = seed_jobs(method, spec, seeds, lambda s, w=where: w / f"seed{s}")
+            jobs_of[env][label] = seed_jobs(label, spec, seeds, lambda s, w=where: w / f"seed{s}")
     return jobs_of
 
 
@@ -251,7 +282,7 @@ def run(argv: list[str]) -> None:
         results: dict[str, Any] = {"protocol": vars(args) | {"out": str(out)}, "bootstrap": stats.bootstrap_description()}
         results["envs"] = {}
         for env in args.envs:
-            res, steps, curves = env_results(env, args.methods, jobs_of[env])
+            res, steps, curves = env_results(env, list(jobs_of[env]), jobs_of[env])
             results["envs"][env] = res
             plot(env, steps, curves, out / f"curves_{env}.png")
         write_results(out, results, table(results))
