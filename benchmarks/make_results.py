@@ -319,9 +319,14 @@ def branch_credit_section(directory: Path) -> str:
     return f"## {title}\n\n{provenance(record, results.get('wall_time_s'))}{note}\n{table}{curves}"
 
 
-def _details(name: str, path: Path) -> str:
-    """The experiment's own tables (rendered by the functions that wrote its outputs), under its spec's section."""
+def _details(name: str, path: Path, script: str | None = None) -> str:
+    """The experiment's own tables (rendered by the functions that wrote its outputs), under its spec's section;
+    `script`: the benchmark a script spec runs, whose section renders a spec of another name that runs it too."""
     how = f"python -m algorithms.experiment run {name} --out OUT"
+    by_script = {
+        "benchmarks/ccpo_learning.py": lambda: ccpo_section(path),
+        "benchmarks/episodic_mujoco.py": lambda: episodic_mujoco_section(path),
+    }
     kind = {
         "table2": lambda: compare_section("", path, how),
         "sb3_credit": lambda: compare_section("", path, how),
@@ -338,6 +343,8 @@ def _details(name: str, path: Path) -> str:
     }
     if name in kind:
         text = kind[name]()
+    elif script in by_script:
+        text = by_script[script]()
     elif (path / "results.md").is_file() and (path / "experiment.json").is_file():  # an LLM study's own table
         text = f"## \n\n{provenance(_read(path / 'run.json'))}\n{(path / 'results.md').read_text()}"
     elif name.startswith("bsuite_"):
@@ -355,7 +362,8 @@ def experiment_section(spec: specs.ExperimentSpec, results_dir: Path) -> str:
     relative = spec.results.relative_to("benchmarks/results") if spec.results is not None else None
     path = results_dir / relative if relative is not None else None
     scored = verdict.score(spec, path) if path is not None else verdict.score(spec, results_dir / "absent")
-    details = _details(spec.name, path) if path is not None and path.exists() else ""
+    script = str(spec.run["command"][0]) if spec.kind == "script" else None
+    details = _details(spec.name, path, script) if path is not None and path.exists() else ""
     if path is None or not path.exists():
         details = f"Not produced yet: run `python -m algorithms.experiment run {spec.name} --out OUT`.\n"
     return (
