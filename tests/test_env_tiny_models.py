@@ -49,7 +49,7 @@ def _wander_then(rng: np.random.Generator, turns: int, then):
 
 
 def test_the_registry_gives_sokoban_and_coin_their_own_models_and_other_envs_none():
-    from algorithms.llm.model.env_models import env_tiny_model
+    from algorithms.llm.model.env_registry import env_tiny_model
     from algorithms.llm.model.sokoban import SOKOBAN
     from algorithms.llm.model.textworld_coin import COIN
 
@@ -91,7 +91,7 @@ def test_sokobans_models_keep_their_cache_keys(tmp_path):
 
 
 def test_the_zoo_plays_each_env_in_the_setting_its_tiny_models_were_made_in():
-    from algorithms.llm.model.env_models import ENV_MODELS, env_tiny_model
+    from algorithms.llm.model.env_registry import ENV_MODELS, env_tiny_model
     from tests.helpers import REPO
 
     settings = yaml.safe_load((REPO / "zoo_configs/llm-base.yml").read_text())

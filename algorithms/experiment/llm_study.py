@@ -445,7 +445,7 @@ def prebuilt_warm_starts(run: dict[str, Any]) -> str:
     """Builds the warm-started models the study's runs load before any worker starts (else the first runs of an env
     build it, several at once): the shared one and that of each setting's env that has its own
     (algorithms.llm.model.env_models). Returns the shared one's name, its key, which the runs record."""
-    from algorithms.llm.model.env_models import env_tiny_model
+    from algorithms.llm.model.env_registry import env_tiny_model
     from algorithms.llm.model.warm_start import cached_warm_start
 
     for env_id in sorted({setting.env_id for setting in settings_of(run).values()}):

@@ -42,7 +42,7 @@ def write_loop_config(log_dir: Path, algo: str, run_cfg: LoopRunConfig, cfg: Any
 
 def model_and_tokenizer(name: str, seed: int, bf16: bool, env_id: str | None = None):
     if name in ("tiny", "tiny-random"):
-        from algorithms.llm.model.env_models import env_tiny_model
+        from algorithms.llm.model.env_registry import env_tiny_model
 
         env_model = env_tiny_model(env_id)  # an env whose words the shared tiny vocabulary lacks has models of its own
         if env_model is not None:

@@ -31,7 +31,7 @@ import numpy as np
 import optax
 
 from vcbm_gym.credit.model_training import AdamState
-from vcbm_gym.credit.rrd import RRDConfig, loss_terms, mlp_forward
+from vcbm_gym.credit.rrd_math import loss_terms, mlp_forward
 
 
 def rewards(params: list[jax.Array], features: jax.Array) -> jax.Array:
@@ -61,7 +61,7 @@ def next_power_of_two(n: int) -> int:
 class JaxRewardModel:
     """The reward model's parameters and Adam state on JAX's device, with its compiled forward pass and training step."""
 
-    def __init__(self, params: list[np.ndarray], config: RRDConfig) -> None:
+    def __init__(self, params: list[np.ndarray], config: Any) -> None:  # config: an RRDConfig
         self.config = config
         self.dtype = np.dtype(config.dtype)
         objective = functools.partial(rrd_objective, bias_correction=config.bias_correction, per_step=config.per_step_loss)

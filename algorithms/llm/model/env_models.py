@@ -10,7 +10,7 @@ observations or commands that vocabulary cannot spell gets models of its own ins
   (`cached_warm_start` with `base`: the untrained model saved in the cache as a folder named by its hash, and
   `examples`: the turns of the env's scripted policy, `action`), in a folder of its own.
 
-`ENV_MODELS` maps an env id to its model; `env_tiny_model(env_id)` gives it (None: the shared models serve that env).
+algorithms.llm.model.env_registry maps an env id to its model (None: the shared models serve that env).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
-import importlib
 import json
 import os
 import shutil
@@ -33,11 +32,6 @@ import numpy as np
 
 from algorithms.llm.model.warm_start import WarmStartConfig, _cache_root, cached_warm_start, load_warm_start
 
-# env id -> "module:attribute" of its EnvTinyModel, imported on first use (the modules import this one)
-ENV_MODELS: dict[str, str] = {
-    "Sokoban-v0": "algorithms.llm.model.sokoban:SOKOBAN",
-    "TextWorldExpress-coin-v0": "algorithms.llm.model.textworld_coin:COIN",
-}
 DATA_SEED_BASE = 10_000  # the warm start's boards: seeds the zoo never reports (its runs and evaluations use < 1,000)
 
 
@@ -124,15 +118,6 @@ class EnvTinyModel:
         if name == "tiny":
             return load_warm_start(self.warm_start())
         return self.random_tiny(seed)
-
-
-def env_tiny_model(env_id: str | None) -> EnvTinyModel | None:
-    """The tiny models of `env_id` (ENV_MODELS), or None where the shared ones serve it."""
-    target = ENV_MODELS.get(env_id) if env_id is not None else None
-    if target is None:
-        return None
-    module, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module), attribute)
 
 
 def gold_or_random(gold: str | None, choices: tuple[str, ...], rng: np.random.Generator, gold_rate: float) -> str:
