@@ -80,7 +80,7 @@ from vcbm_gym.credit.features import (
     prefix_steps,
 )
 from vcbm_gym.credit.model_training import AdamState, LessonBuffer, adam_step, learned_rule_config
-from vcbm_gym.credit.rrd_math import LossTerms, loss_terms, mlp_forward  # noqa: E402,F401  (one formula, both backends)
+from vcbm_gym.credit.rrd_math import loss_terms, mlp_forward
 
 DTYPES = ("float64", "float32")
 BACKENDS = ("numpy", "jax")
