@@ -11,8 +11,13 @@ deterministic policy every `--eval-every` steps. Methods:
 - `sac+rrd`: RRD's reward model on [s, a, s - s'], relabelled in the replay buffer;
 - `sac-dense`: SAC on the dense reward of the same task (the upper reference).
 
-`--engine sbx` trains them on SBX (the `sbx` extra); `--engine sb3 sbx` trains each method on both engines side by
-side (labels `METHOD` and `METHOD@sbx`) and reports each sbx method's P(improvement) over the same method on sb3.
+SAC's engine is SBX (SB3's JAX version, the `sbx` extra) unless `--engine sb3` names SB3: the registered distribution
+test (zoo_configs/experiments/sbx_engine_distribution.yml, benchmarks/results/sbx_engine_distribution: Hopper, seeds
+500-509, 15,000 steps) found SBX's final true return not worse beyond noise for sac (P(improvement) of sbx 0.49 [0.22,
+0.76]) and sac+ircr (0.54 [0.28, 0.79]), at 1.98x and 2.28x SB3's steps/s side by side (benchmarks/results/
+sbx_speed.md). sac+rrd is 1.35x only, but runs on SBX too, so that every rule is compared with SAC on one engine.
+`--engine sb3 sbx` trains each method on both engines side by side (labels `METHOD` and `METHOD@sbx`) and reports
+each sbx method's P(improvement) over the same method on sb3.
 
 Runs go through algorithms.experiment's jobs: a finished run of the same config (its hash) is reused, so a stopped
 benchmark resumes where it stopped (`--out`), and `--backend ray [--address ...]` runs the same jobs on a Ray
@@ -72,6 +77,7 @@ from typing import Any
 import numpy as np
 
 from algorithms.common import cli, provenance
+from algorithms.common.extras import require_extra
 from algorithms.experiment import stats
 from algorithms.experiment.jobs import count_finished, seed_jobs, train_jobs
 from algorithms.experiment.results import locked, runs_record, save_figure, write_results
@@ -211,13 +217,14 @@ def measure(env: str, steps: int) -> dict[str, float]:
     return rates
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, seeds: int) -> None:
-    """The per-run budget (this benchmark's and benchmarks/reward_fit.py's): seeds, steps, evaluation, warm-up, workers."""
+def add_run_arguments(parser: argparse.ArgumentParser, seeds: int, engine: str) -> None:
+    """The per-run budget (this benchmark's and benchmarks/reward_fit.py's): seeds, engine, steps, evaluation, warm-up,
+    workers."""
     parser.add_argument("--seeds", type=int, default=seeds)
     parser.add_argument("--seed-start", type=int, default=0, help="the first seed (seeds run from it upwards)")
     parser.add_argument(
-        "--engine", nargs="+", choices=("sb3", "sbx"), default=["sb3"],
-        help="SAC's engine (sbx: the `sbx` extra); two engines run every method under each, labelled METHOD@sbx",
+        "--engine", nargs="+", choices=("sb3", "sbx"), default=[engine],
+        help=f"SAC's engine (default {engine}; sbx: the `sbx` extra); two engines run each method under both (METHOD@sbx)",
     )  # fmt: skip
     parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="env steps per run")
     parser.add_argument("--eval-every", type=int, default=DEFAULT_EVAL_EVERY)
@@ -233,6 +240,8 @@ def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespac
         parser.error(f"--seed-start {args.seed_start}: expected an integer >= 0")
     if args.steps % args.eval_every or args.learning_starts >= args.steps:
         parser.error(f"--steps {args.steps}: expected a multiple of --eval-every ({args.eval_every}) above --learning-starts")
+    if "sbx" in args.engine and getattr(args, "measure", None) is None:  # --measure times SB3
+        require_extra("--engine sbx (the default; --engine sb3 runs on SB3)", "sbx")
 
 
 def method_jobs(args: argparse.Namespace, out: Path) -> dict[str, dict[str, list]]:
@@ -252,7 +261,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = cli.ArgumentParser(prog="python benchmarks/episodic_mujoco.py", description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=list(ENVS))
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    add_run_arguments(parser, seeds=5)
+    add_run_arguments(parser, seeds=5, engine="sbx")
     parser.add_argument("--backend", choices=("process", "ray"), default="process")
     parser.add_argument("--address", default=None, help="a Ray cluster's address (with --backend ray)")
     parser.add_argument("--out", default="runs/episodic_mujoco")

@@ -112,7 +112,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = cli.ArgumentParser(prog="python benchmarks/reward_fit.py", description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=["EpisodicHopper-v5"])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    add_run_arguments(parser, seeds=1)
+    add_run_arguments(parser, seeds=1, engine="sb3")
     parser.add_argument("--out", default="runs/reward_fit")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)

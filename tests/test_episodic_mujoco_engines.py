@@ -66,3 +66,22 @@ def test_each_sbx_method_is_compared_with_its_sb3_twin_and_its_own_engines_sac(b
     assert "p_improvement_over_sb3" not in methods["sac"] and "p_improvement_over_sac" not in methods["sac@sbx"]
     header = benchmark.table({"envs": {"EpisodicHopper-v5": result}}).splitlines()[0]
     assert header.endswith("| P(improvement) over the same method on sb3 [95% CI] |")
+
+
+def test_sbx_is_the_benchmarks_default_engine_and_the_published_spec_pins_sb3(benchmark):
+    from algorithms.experiment import specs
+
+    assert benchmark.parse_args([]).engine == ["sbx"]
+    assert benchmark.parse_args(["--engine", "sb3"]).engine == ["sb3"]
+    published = specs.load_spec("episodic_mujoco").run["command"]  # its results were made on sb3
+    assert published[published.index("--engine") + 1] == "sb3"
+
+
+def test_the_default_engine_without_the_sbx_extra_is_one_line_naming_it(benchmark, monkeypatch):
+    from algorithms.common import extras
+    from algorithms.common.errors import VcbmGymError
+
+    monkeypatch.setattr(extras, "missing_module", lambda extra: "sbx" if extra == "sbx" else None)
+    with pytest.raises(VcbmGymError, match=r"--engine sbx \(the default; --engine sb3 runs on SB3\) needs the sbx extra"):
+        benchmark.parse_args([])
+    assert benchmark.parse_args(["--engine", "sb3"]).engine == ["sb3"]

@@ -238,3 +238,22 @@ def test_a_script_experiment_gets_workers_only_when_run_is_given_it():
                                backend="process", address=None)  # fmt: skip
     assert engine.command_argv(spec, given, Path("out"))[-2:] == ["--workers", "1"]
     assert "--workers" not in engine.command_argv(spec, argparse.Namespace(**{**vars(given), "workers": None}), Path("out"))
+
+
+def test_a_script_experiments_child_imports_the_packages_of_the_engines_own_checkout(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    other = tmp_path / "other_checkout"
+    (other / "algorithms").mkdir(parents=True)
+    (other / "algorithms" / "__init__.py").write_text("")  # what an editable install of another checkout would give
+    probe = tmp_path / "probe.py"  # a script's own folder, not the checkout, is first on its sys.path
+    probe.write_text("import algorithms, pathlib; print(pathlib.Path(algorithms.__file__).resolve())")
+    environ = {**os.environ, "PYTHONPATH": str(other)}
+    child = engine.script_environment(environ)
+    found = subprocess.run([sys.executable, str(probe)], env=child, capture_output=True, text=True, check=True).stdout
+    assert Path(found.strip()) == REPO / "algorithms" / "__init__.py"
+    assert child["PYTHONPATH"].split(os.pathsep) == [str(specs.REPO), str(other)]
+    unchanged = subprocess.run([sys.executable, str(probe)], env=environ, capture_output=True, text=True, check=True).stdout
+    assert Path(unchanged.strip()) == other / "algorithms" / "__init__.py"  # the probe can tell the two apart

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from algorithms.common import cli, provenance
 from algorithms.common.errors import VcbmGymError
@@ -270,13 +271,21 @@ def cmd_run(args: argparse.Namespace) -> None:
     print(f"experiment {spec.name}: results in {out}; score them with: {score}")
 
 
+def script_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The child's environment with this checkout first on PYTHONPATH: a script's own folder is first on its sys.path,
+    so without it the packages would come from wherever they are installed (an editable install of another checkout),
+    not from the checkout whose spec and commit the run records."""
+    paths = [str(specs.REPO), *(p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(specs.REPO))]
+    return {**environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 def execute_script(spec: ExperimentSpec, argv: list[str], out: Path, record: dict[str, Any]) -> None:
     """A benchmark with its own harness, run as a child process (it stops when the engine stops)."""
     cli.output_dir(out, "--out")
     cli.atomic_write_json(out / specs.RECORD_FILE, record)
     script = specs.REPO / argv[0]
     command = [sys.executable, str(script), *argv[1:]] if script.suffix == ".py" else [sys.executable, "-m", *argv]
-    process = subprocess.Popen(command, cwd=specs.REPO)
+    process = subprocess.Popen(command, cwd=specs.REPO, env=script_environment(os.environ))
     try:
         code = process.wait()
     except BaseException:
