@@ -49,6 +49,11 @@ __all__ = [
 ]
 
 
+# a turn's `effect` when its answer executed nothing: the contract's None (TextWorld's games, AppWorld's code that
+# does not parse) or "invalid" (the embedded envs' canonical name for an answer that names no tool)
+NO_EFFECT = (None, "invalid")
+
+
 @dataclass
 class Episode:
     task_seed: int

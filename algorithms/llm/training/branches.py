@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from trl import GRPOTrainer
 
-from algorithms.llm.generation.rollout import Episode, play_continuations, turn_entropies
+from algorithms.llm.generation.rollout import NO_EFFECT, Episode, play_continuations, turn_entropies
 from vcbm_gym.credit.base import CreditRule
 from vcbm_gym.credit.branch import COMPUTE_KEYS, BranchRule
 
@@ -38,7 +38,7 @@ class BranchContinuations:
         rule: BranchRule = self.credit_rule
         model = self.accelerator.unwrap_model(self.model)
         counts = dict.fromkeys(COMPUTE_KEYS, 0)
-        executable = [np.array([x not in (None, "invalid") for x in e.effects], bool) for e in episodes]
+        executable = [np.array([x not in NO_EFFECT for x in e.effects], bool) for e in episodes]
         entropies: list[Any] = [None] * len(episodes)
         if rule.needs_entropy:
             entropies = turn_entropies(model, episodes, self.args.temperature)

@@ -38,7 +38,7 @@ import torch
 
 from algorithms.common.credit_slot import credit_of
 from algorithms.llm.config import LoopConfig, credit_slot
-from algorithms.llm.generation.rollout import Episode
+from algorithms.llm.generation.rollout import NO_EFFECT, Episode
 from algorithms.llm.training.batch import context_keys, gather_episode_batch
 from algorithms.llm.training.branches import BranchContinuations
 from algorithms.llm.training.checkpoints import load_loop_state, save_loop_state
@@ -110,7 +110,7 @@ class LoopTrainer(BranchContinuations, MultiTurnGRPOTrainer):
         """EMPO cells (docs/papers/empo.md) over the generation batch; an "invalid" action has no effect (no cell)."""
         from vcbm_gym.credit.empo import cell_coverage, effect_cell_ids
 
-        effects = [[None if x in (None, "invalid") else x for x in e.effects] for e in episodes]
+        effects = [[None if x in NO_EFFECT else x for x in e.effects] for e in episodes]
         cells = effect_cell_ids(context_keys(episodes), effects, mode=self.args.ratio_sharing, rng=self._empo_rng)
         valid = np.zeros(cells.shape, bool)
         for b, e in enumerate(episodes):

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.llm.generation.rollout import Episode
+from algorithms.llm.generation.rollout import NO_EFFECT, Episode
 from vcbm_gym.credit.base import CreditRule, EpisodeBatch
 
 
@@ -116,7 +116,7 @@ def rollout_metrics(parts: list[dict[str, list]]) -> dict[str, float]:
         "mean_return": float(np.mean(every["returns"])),
         "mean_output_tokens": float(np.mean(every["generated"])),
         "token_bound_rate": float(np.mean(every["token_bound"])),
-        "invalid_turn_rate": float(np.mean([x == "invalid" for x in turns])) if turns else 0.0,
+        "invalid_turn_rate": float(np.mean([x in NO_EFFECT for x in turns])) if turns else 0.0,
         "decision_advantage_mass": float(mass[0] / mass[1]) if mass[1] > 0 else 0.0,
         "decision_token_share": float(tokens[0] / max(tokens[1], 1)),
         **task_goal_completion(every["last_infos"]),
