@@ -231,5 +231,5 @@ def test_the_warm_started_coin_model_answers_in_the_format_and_names_valid_comma
     warm = _first_answers(*COIN.load("tiny", 0), range(10_500, 10_520))
     untrained = _first_answers(*COIN.load("tiny-random", 0), range(10_500, 10_520))
     assert all(text.replace(" ", "").startswith("Action:") for text, _ in warm), warm
-    # measured: 10 of 20 (greedy; the warm start is small, see textworld_coin.COIN_STAGE), the untrained model none
-    assert sum(ok for _, ok in warm) >= 8 > sum(ok for _, ok in untrained) + 4
+    # measured: 20 of 20 (greedy, textworld_coin.COIN_STAGE's budget; 10 of 20 at 60 SFT steps), the untrained none
+    assert sum(ok for _, ok in warm) >= 16 > sum(ok for _, ok in untrained) + 4

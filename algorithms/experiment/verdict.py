@@ -236,7 +236,7 @@ def headline_table(rows: list[dict[str, Any]]) -> str:
         names = ", ".join(f"`{n}`" for n in row["names"])
         count = f"{verdicts.count('reproduced')} of {len(verdicts)}"
         lines.append(f"| {row['paper']} | {row['claim']} | {names} | **{row['verdict']}** | {count} |")
-    untested = [", ".join(f"`{n}`" for n in row["names"]) for row in rows if not row["tests"]]
+    untested = [f"{row['claim']} ({', '.join(f'`{n}`' for n in row['names'])})" for row in rows if not row["tests"]]
     return "\n".join(lines) + f"\n\nUntested so far: {'; '.join(untested)}.\n"
 
 

@@ -43,9 +43,11 @@ from algorithms.llm.model.warm_start import WarmStartConfig
 COIN_ENV = "TextWorldExpress-coin-v0"
 COIN_KWARGS = {"game_params": "numLocations=4,includeDoors=1,numDistractorItems=0", "max_turns": 10}
 GOLD_RATE = 0.1
-# Sokoban's SFT budget: 40 episodes (294 turns at these settings) and 60 steps built in 346 s on a CPU shared by three
-# busy processes (two cores); greedy, it answers 41% of the turns of 20 boards with a valid command (module docstring)
-COIN_STAGE = WarmStartConfig(episodes_per_env=40, max_steps=60)
+# The watch envs' SFT budget (WarmStartConfig's defaults): 160 boards (1,276 turns) and 300 steps, 806 s on two cores
+# shared with two other processes. Sokoban's smaller budget (40 boards, 60 steps) left the model answering a valid
+# command on 41% of turns and no RL pilot moved it; on this one loop pilots went from 0.10-0.13 to 0.38-0.41 success in
+# 60 iterations (docs/notes/2026-12-05-agent-benchmark-pilots.md)
+COIN_STAGE = WarmStartConfig(episodes_per_env=160, max_steps=300)
 _VOCABULARY_EPISODES = 40
 
 
