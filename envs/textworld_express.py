@@ -153,6 +153,17 @@ class CommandGameEnv(SnapshotMixin, gym.Env):
         self._history: list[str] = []
         self._turn, self._last_obs, self._done = 0, "", True
 
+    @property
+    def game_seed(self) -> int | None:
+        """The seed of the game being played (None before the first reset)."""
+        return self._game_seed
+
+    @property
+    def game_view(self) -> GameView | None:
+        """What the engine shows now: text, valid commands, score, flags and the state's fingerprint (None before the
+        first reset)."""
+        return self._view
+
     # --- what a game engine provides -----------------------------------------------------------
     def _engine_reset(self, game_seed: int) -> GameView:
         raise NotImplementedError
@@ -326,6 +337,11 @@ class TextWorldExpressEnv(CommandGameEnv):
                     f"game_params {name}={value} for {self.game}: the engine generates {name}={taken[name]} instead "
                     "(a value outside the game's range)"
                 )
+
+    @property
+    def params_text(self) -> str:
+        """The game's parameters as the engine reads them ("numLocations=4,includeDoors=1")."""
+        return self._params_text
 
     def snapshot_identity(self) -> tuple:
         return (self.game, self._params_text, self.game_fold, self.max_turns)

@@ -106,6 +106,9 @@ def test_reset_seed_is_the_games_seed_and_fixes_the_game():
     env.reset(seed=11)
     generated = json.loads(env.unwrapped._game.getGenerationPropertiesJSON())
     assert generated["seed"] == 11 and generated["numLocations"] == 5
+    core = env.unwrapped
+    assert core.game_seed == 11 and core.params_text.startswith("numLocations=5")
+    assert core.game_view.valid == core.turn_alternatives() and core.game_view.text in first[0]
 
 
 @needs_java

@@ -80,7 +80,7 @@ def _gold_commands(game: str, game_params: str, game_fold: str, seed: int) -> di
         env.reset(seed=seed)
         for command in commands:
             env.step(command)
-        return env.unwrapped._view
+        return env.unwrapped.game_view
 
     start = view_after(())
     paths, edges, won = {start.fingerprint: ()}, {}, set()
@@ -122,8 +122,8 @@ def _gold_commands(game: str, game_params: str, game_fold: str, seed: int) -> di
 def gold_command(env) -> str | None:
     """The gold command in `env`'s current state (module docstring), None where no win is reachable."""
     core = env.unwrapped
-    table = _gold_commands(core.game, core._params_text, core.game_fold, core._game_seed)
-    return table.get(core._view.fingerprint)
+    table = _gold_commands(core.game, core.params_text, core.game_fold, core.game_seed)
+    return table.get(core.game_view.fingerprint)
 
 
 def scripted_command(env, rng: np.random.Generator) -> str:
