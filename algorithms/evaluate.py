@@ -74,19 +74,9 @@ def load_model(name: str, seed: int, env_id: str | None):
         from algorithms.llm.build import model_and_tokenizer
 
         return model_and_tokenizer("tiny-random", seed, False, env_id)
-    from transformers import AutoModelForCausalLM
+    from algorithms.llm.build import pretrained
 
-    from algorithms.llm.model.tiny import load_tokenizer
-
-    try:
-        tokenizer = load_tokenizer(name)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype="auto")
-    except (OSError, ValueError, KeyError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise VcbmGymError(
-            f"--model {name!r} could not be loaded ({first}); expected scripted:..., tiny, or a model path/name"
-        ) from None
-    return model, tokenizer
+    return pretrained(name, "auto", "scripted:..., tiny, or a model path/name")
 
 
 def model_policy(name: str, seed: int, max_new_tokens: int, max_prompt_chars: int, env_id: str | None = None) -> Policy:

@@ -122,6 +122,19 @@ def test_refused_llm_commands_leave_nothing_and_the_corrected_command_then_runs(
     assert (log_dir / "summary.json").is_file() and (log_dir / "loop_config.yml").is_file()
 
 
+def test_a_folder_that_is_no_model_is_one_line_for_training_and_for_evaluation_alike(tmp_path):
+    from algorithms.common.errors import VcbmGymError
+    from algorithms.evaluate import load_model
+    from algorithms.llm.build import model_and_tokenizer
+
+    (tmp_path / "empty_model").mkdir()
+    name = str(tmp_path / "empty_model")
+    with pytest.raises(VcbmGymError, match=r"could not be loaded .*; expected 'tiny' or a local path / hub name$"):
+        model_and_tokenizer(name, 0, False)
+    with pytest.raises(VcbmGymError, match=r"could not be loaded .*; expected scripted:\.\.\., tiny, or a model path/name$"):
+        load_model(name, 0, None)
+
+
 def test_the_per_process_batch_is_derived_from_the_rollouts_and_the_world_size():
     from algorithms.llm.resolve import share_batch
 

@@ -60,15 +60,23 @@ def model_and_tokenizer(name: str, seed: int, bf16: bool, env_id: str | None = N
 
         return build_tiny(seed)
     import torch
+
+    return pretrained(name, torch.bfloat16 if bf16 else torch.float32, "'tiny' or a local path / hub name")
+
+
+def pretrained(name: str, dtype: Any, expected: str):
+    """A Hugging Face causal LM and its tokenizer (a pad token where it has none); one line naming `name` and
+    `expected` where it cannot be loaded."""
     from transformers import AutoModelForCausalLM
 
     from algorithms.llm.model.tiny import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(name)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.bfloat16 if bf16 else torch.float32)
-    except OSError as exc:
-        raise VcbmGymError(f"model {name!r} could not be loaded ({exc}); expected 'tiny' or a local path / hub name") from None
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    except (OSError, ValueError, KeyError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise VcbmGymError(f"model {name!r} could not be loaded ({first}); expected {expected}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
