@@ -279,5 +279,8 @@ def test_the_benchmark_runs_its_seeds_from_seed_start_on_the_engine_asked_for(tm
         assert [job.spec.seed for job in per_seed] == [400, 401]
         assert [job.log_dir.name for job in per_seed] == ["seed400", "seed401"]
         assert all(job.spec.hyperparams["engine"] == "sbx" for job in per_seed), method
-    sb3 = benchmark.method_jobs(benchmark.parse_args(argv[:-4] + ["--out", str(tmp_path / "out")]), tmp_path / "out")
-    assert "engine" not in sb3["EpisodicHopper-v5"]["sac"][0].spec.hyperparams  # the default keeps earlier runs' hash
+    sb3_argv = argv[:-4] + ["--engine", "sb3", "--out", str(tmp_path / "out")]
+    sb3 = benchmark.method_jobs(benchmark.parse_args(sb3_argv), tmp_path / "out")
+    assert "engine" not in sb3["EpisodicHopper-v5"]["sac"][0].spec.hyperparams  # sb3 keeps the earlier runs' hash
+    default = benchmark.method_jobs(benchmark.parse_args(argv[:-4] + ["--out", str(tmp_path / "out")]), tmp_path / "out")
+    assert default["EpisodicHopper-v5"]["sac"][0].spec.hyperparams["engine"] == "sbx"  # the benchmark's default engine
