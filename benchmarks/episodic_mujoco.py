@@ -241,7 +241,8 @@ def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespac
     if args.steps % args.eval_every or args.learning_starts >= args.steps:
         parser.error(f"--steps {args.steps}: expected a multiple of --eval-every ({args.eval_every}) above --learning-starts")
     if "sbx" in args.engine and getattr(args, "measure", None) is None:  # --measure times SB3
-        require_extra("--engine sbx (the default; --engine sb3 runs on SB3)", "sbx")
+        default = " (the default; --engine sb3 runs on SB3)" if parser.get_default("engine") == ["sbx"] else ""
+        require_extra(f"--engine sbx{default}", "sbx")
 
 
 def method_jobs(args: argparse.Namespace, out: Path) -> dict[str, dict[str, list]]:
