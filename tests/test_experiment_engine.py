@@ -87,6 +87,29 @@ def test_exact_p_of_three_against_three():
     assert verdict.verdict_p([5.0, 6.0, 7.0, 8.0, 9.0], [0.0, 1.0, 2.0, 3.0, 4.0]) == pytest.approx(2 / 252)
 
 
+def test_the_smallest_attainable_p_says_whether_a_comparison_can_decide():
+    assert verdict.smallest_p(3, 3) == pytest.approx(2 / 20)  # 2 / C(6, 3): no outcome of 3 against 3 decides
+    assert verdict.smallest_p(4, 4) == pytest.approx(2 / 70)
+    assert verdict.smallest_p(3, 2) == pytest.approx(2 / 10)
+    apart = verdict._compare_values([3.0, 4.0, 5.0], [0.0, 1.0, 2.0], higher_is_better=True)
+    assert not apart["decidable"] and apart["verdict"] == "not reproduced"
+    assert verdict._compare_values([4.0, 5.0, 6.0, 7.0], [0.0, 1.0, 2.0, 3.0], True)["decidable"]
+    assert verdict._compare_values([0.5] * 12, [0.5] * 12, True)["decidable"]  # ties now, yet other outcomes could decide
+
+
+def test_the_headline_counts_the_comparisons_too_small_to_decide():
+    spec = specs.load_spec("table2")
+    small = {"comparison": {"claim": "vcbm-table2", "treatment": "vcbm", "control": "rudder", "setting": None}}
+    small |= verdict._compare_values([3.0, 4.0, 5.0], [0.0, 1.0, 2.0], higher_is_better=True)
+    large = dict(small) | verdict._compare_values([5.0, 6.0, 7.0, 8.0, 9.0], [0.0, 1.0, 2.0, 3.0, 4.0], True)
+    claims = {"vcbm-table2": specs.load_claims()["vcbm-table2"]}
+    rows = verdict.verdict_rows([spec], {spec.name: {"comparisons": [small, large]}}, claims)
+    headline = verdict.headline_table(rows)
+    assert "| **reproduced** | 1 of 2 (1 with too few seeds to decide) |" in headline
+    assert "3 vs 3 (too few to decide)" in verdict.verdict_table(rows)
+    assert "(too few to decide)<br>5 vs 5 |" in verdict.verdict_table(rows)
+
+
 def test_the_committed_table_ii_is_scored_from_its_per_seed_episodes():
     spec = specs.load_spec("table2")
     results = json.loads((REPO / "benchmarks/results/table2/results.json").read_text())

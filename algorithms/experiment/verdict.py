@@ -12,7 +12,8 @@ p below 0.1), and the normal approximation would pass p = 0.0495.
 Where the results keep only an estimate with its CI (the replay reference), the two CIs are compared: apart on the
 paper's side is reproduced, apart on the other side reversed, overlapping not reproduced.
 A claim tested by several comparisons is reproduced when all are, partly when some are, and untested when no
-experiment holds results for it. Results made under another version of their spec are kept apart: they decide nothing.
+experiment holds results for it. Results made under another version of their spec are kept apart: they decide nothing;
+so does a comparison at too few seeds for any outcome to reach p < 0.05 (`smallest_p`), which the tables mark.
 """
 
 from __future__ import annotations
@@ -74,6 +75,17 @@ def verdict_p(x: list[float], y: list[float]) -> float:
     return 1.0 if math.isnan(p) else float(p)
 
 
+def smallest_p(n_treatment: int, n_control: int) -> float:
+    """The smallest p `verdict_p` can give at these seeds: that of two samples apart with no ties. Where it is not
+    below ALPHA (3 seeds against 3: 2 / C(6, 3) = 0.1), no outcome can reproduce or reverse a claim."""
+    return verdict_p([float(i) for i in range(n_control, n_control + n_treatment)], [float(i) for i in range(n_control)])
+
+
+def can_decide(result: dict[str, Any]) -> bool:
+    """Whether a scored comparison had the seeds to reach a verdict at all (estimate comparisons always can)."""
+    return result.get("decidable", True)
+
+
 def _compare_values(x: list[float], y: list[float], higher_is_better: bool) -> dict[str, Any]:
     improvement = improvement_estimate(x, y, lower_is_better=not higher_is_better)
     low, high, p = improvement["ci_low"], improvement["ci_high"], verdict_p(x, y)
@@ -91,6 +103,7 @@ def _compare_values(x: list[float], y: list[float], higher_is_better: bool) -> d
         "mann_whitney": mann_whitney(x, y),
         "verdict_p": p,
         "detectable_effect": detectable_effect(len(x), len(y)),
+        "decidable": len(x) > 0 and len(y) > 0 and smallest_p(len(x), len(y)) < ALPHA,
         "verdict": verdict,
     }
 
@@ -175,7 +188,10 @@ def effect_text(result: dict[str, Any]) -> str:
 
 
 def _seeds_text(result: dict[str, Any]) -> str:
-    return f"{result['n'][0]} vs {result['n'][1]}" if "n" in result else "per episode"
+    if "n" not in result:
+        return "per episode"
+    seeds = f"{result['n'][0]} vs {result['n'][1]}"
+    return seeds if can_decide(result) else f"{seeds} (too few to decide)"
 
 
 def verdict_rows(
@@ -194,7 +210,9 @@ def verdict_rows(
     rows = []
     for claim_id, claim in claims.items():
         found = tests[claim_id]
-        rows.append({"claim_id": claim_id, **claim, "tests": found, "verdict": claim_verdict([r["verdict"] for _, r in found])})
+        # a comparison with too few seeds to decide decides nothing, like one made under another spec
+        verdicts = [r["verdict"] if can_decide(r) else "untested" for _, r in found]
+        rows.append({"claim_id": claim_id, **claim, "tests": found, "verdict": claim_verdict(verdicts)})
     return rows
 
 
@@ -235,6 +253,9 @@ def headline_table(rows: list[dict[str, Any]]) -> str:
         verdicts = [result["verdict"] for _, result in row["tests"]]
         names = ", ".join(f"`{n}`" for n in row["names"])
         count = f"{verdicts.count('reproduced')} of {len(verdicts)}"
+        undecidable = sum(not can_decide(result) for _, result in row["tests"])
+        if undecidable:
+            count += f" ({undecidable} with too few seeds to decide)"
         lines.append(f"| {row['paper']} | {row['claim']} | {names} | **{row['verdict']}** | {count} |")
     untested = [f"{row['claim']} ({', '.join(f'`{n}`' for n in row['names'])})" for row in rows if not row["tests"]]
     return "\n".join(lines) + f"\n\nUntested so far: {'; '.join(untested)}.\n"
@@ -245,6 +266,8 @@ VERDICT_LEGEND = (
     "percentile-bootstrap 95% CI over seeds; where only per-episode estimates exist, the two estimates with their CIs. "
     "**reproduced**: the CI excludes no effect on the paper's side and Mann-Whitney's p < 0.05 (exact at up to 8 seeds); "
     "**reversed**: the same on the other side; **not reproduced**: no effect cannot be ruled out at these seeds; "
+    "'Too few to decide': no outcome at these seeds reaches p < 0.05 (3 seeds against 3: at best p = 0.1), so the "
+    "comparison's 'not reproduced' says nothing either way. "
     "**partly**: some of the claim's comparisons reproduce; **untested**: no experiment of the zoo measures the claim "
     "yet. 'Spec first': whether the experiment's spec was committed before its results were made (no: the results "
     "predate the spec, which was written from them)."
@@ -292,6 +315,8 @@ def spec_markdown(spec: specs.ExperimentSpec, scored: dict[str, Any]) -> str:
         c = result["comparison"]
         p = result.get("verdict_p")
         detectable = f"±{result['detectable_effect']:.2f}" if "detectable_effect" in result else "—"
+        if not can_decide(result):
+            detectable = f"nothing: p >= {smallest_p(*result['n']):.2g} whatever the outcome"
         lines.append(
             f"| {c['treatment']} vs {c['control']} (`{c['claim']}`) | {c['setting'] or '—'} | {effect_text(result)} | "
             f"{'—' if p is None else f'{p:.3g}'} | {_seeds_text(result)} | {detectable} | {result['verdict']} |"
