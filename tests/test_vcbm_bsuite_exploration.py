@@ -1,0 +1,30 @@
+"""benchmarks/vcbm_bsuite_exploration.py: bsuite's own score of VCBM under each exploration budget."""
+
+import json
+
+import pytest
+
+from tests.helpers import load_file
+
+pytest.importorskip("bsuite", reason="bsuite is not installed: pip install -e '.[bsuite]'")
+
+exploration = load_file("benchmarks/vcbm_bsuite_exploration.py", "vcbm_bsuite_exploration")
+
+
+def test_the_papers_exploration_never_leaves_the_warm_up_of_a_one_step_chain_and_the_zoos_solves_it(tmp_path):
+    out = tmp_path / "grid.json"
+    argv = ["--experiment", "umbrella_length", "--settings", "0", "--seeds", "100", "1", "--grid", "2000:60", "100:8"]
+    assert exploration.main([*argv, "--out", str(out)]) == 0
+    paper, zoo = json.loads(out.read_text())["rows"]
+    # 1,000 one-step episodes are half the paper's warm-up: uniform play, regret 2 on every other episode
+    assert paper["seed_scores"] == [0.0] and 0.9 < paper["average_regret"]["0"][0] < 1.1
+    assert zoo["seed_scores"] == [1.0] and zoo["average_regret"]["0"][0] < 0.3
+
+
+def test_a_bad_grid_entry_is_one_line_before_any_run(tmp_path, capsys):
+    out = tmp_path / "grid.json"
+    with pytest.raises(SystemExit):
+        exploration.main(
+            ["--experiment", "umbrella_length", "--settings", "0", "--seeds", "100", "1", "--grid", "100-8", "--out", str(out)]
+        )
+    assert "'100-8': expected WARMUP:FORCED" in capsys.readouterr().err and not out.exists()
