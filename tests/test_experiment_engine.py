@@ -280,3 +280,12 @@ def test_a_script_experiments_child_imports_the_packages_of_the_engines_own_chec
     assert child["PYTHONPATH"].split(os.pathsep) == [str(specs.REPO), str(other)]
     unchanged = subprocess.run([sys.executable, str(probe)], env=environ, capture_output=True, text=True, check=True).stdout
     assert Path(unchanged.strip()) == other / "algorithms" / "__init__.py"  # the probe can tell the two apart
+
+
+def test_a_descriptive_spec_says_it_compares_nothing_and_a_spec_without_results_says_so(tmp_path):
+    descriptive = specs.load_spec("bsuite_umbrella_length_vcbm_full")
+    text = verdict.spec_markdown(descriptive, verdict.score(descriptive))
+    assert "No comparison: the spec describes its methods." in text and "No results yet." not in text
+    unrun = specs.load_spec(str(_write_spec(tmp_path / "unrun.yml")))
+    text = verdict.spec_markdown(unrun, verdict.score(unrun))
+    assert "No results yet." in text and "No comparison" not in text

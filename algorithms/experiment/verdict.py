@@ -321,6 +321,9 @@ def spec_markdown(spec: specs.ExperimentSpec, scored: dict[str, Any]) -> str:
             f"| {c['treatment']} vs {c['control']} (`{c['claim']}`) | {c['setting'] or '—'} | {effect_text(result)} | "
             f"{'—' if p is None else f'{p:.3g}'} | {_seeds_text(result)} | {detectable} | {result['verdict']} |"
         )
-    comparisons = "\n".join(lines) + "\n" if scored["comparisons"] else "No results yet.\n"
+    if not spec.comparisons:
+        comparisons = "No comparison: the spec describes its methods.\n"
+    else:
+        comparisons = "\n".join(lines) + "\n" if scored["comparisons"] else "No results yet.\n"
     notes = f"\n{spec.notes.strip()}\n" if spec.notes else ""
     return f"{table}\n{comparisons}{notes}"
