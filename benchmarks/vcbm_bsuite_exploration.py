@@ -24,7 +24,7 @@ from pathlib import Path
 from algorithms import bsuite_score, train
 from algorithms.common import cli
 
-EPISODES = 1_000  # the short protocol's budget per setting
+SHORT_EPISODES = 1_000  # the short protocol's budget per setting
 
 
 def pair(text: str) -> tuple[int, int]:
@@ -42,11 +42,11 @@ def average_regret(log_dir: Path) -> float:
     return float(last["total_regret"]) / int(last["episode"])
 
 
-def run_one(experiment: str, setting: int, seed: int, warmup: int, forced: int, where: Path) -> Path:
-    """One VCBM run of `EPISODES` episodes with bsuite's log (every episode counts: no stop at convergence)."""
+def run_one(experiment: str, setting: int, seed: int, warmup: int, forced: int, episodes: int, where: Path) -> Path:
+    """One VCBM run of `episodes` episodes with bsuite's log (every episode counts: no stop at convergence)."""
     argv = [
         *("--algo", "vcbm", "--env", f"bsuite:{experiment}/{setting}", "--seed", str(seed)),
-        *("--max-episodes", str(EPISODES), "--log-dir", str(where), "--no-progress", "--hyperparams"),
+        *("--max-episodes", str(episodes), "--log-dir", str(where), "--no-progress", "--hyperparams"),
         *("env_kwargs={integer_observations: true}", "stop_at_convergence=false"),
         *(f"warmup_transitions={warmup}", f"forced_visits={forced}"),
     ]
@@ -62,14 +62,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settings", type=int, nargs="+", required=True)
     parser.add_argument("--seeds", type=int, nargs=2, metavar=("START", "N"), required=True)
     parser.add_argument("--grid", type=pair, nargs="+", required=True, metavar="WARMUP:FORCED")
+    parser.add_argument("--episodes", type=int, default=SHORT_EPISODES, help="per run (default: the short protocol's)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.error(f"--episodes {args.episodes}: expected a positive number of episodes per run")
     seeds = range(args.seeds[0], args.seeds[0] + args.seeds[1])
     rows = []
     for warmup, forced in args.grid:
         with tempfile.TemporaryDirectory() as tmp:
             logs = {
-                (setting, seed): run_one(args.experiment, setting, seed, warmup, forced, Path(tmp) / f"{setting}_{seed}")
+                (setting, seed): run_one(
+                    args.experiment, setting, seed, warmup, forced, args.episodes, Path(tmp) / f"{setting}_{seed}"
+                )
                 for setting, seed in itertools.product(args.settings, seeds)
             }
             seed_scores = [
@@ -87,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         "experiment": args.experiment,
         "settings": args.settings,
         "seeds": list(seeds),
-        "episodes": EPISODES,
+        "episodes": args.episodes,
         "rows": rows,
     }
     cli.atomic_write_json(args.out, document)

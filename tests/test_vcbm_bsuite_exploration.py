@@ -28,3 +28,20 @@ def test_a_bad_grid_entry_is_one_line_before_any_run(tmp_path, capsys):
             ["--experiment", "umbrella_length", "--settings", "0", "--seeds", "100", "1", "--grid", "100-8", "--out", str(out)]
         )
     assert "'100-8': expected WARMUP:FORCED" in capsys.readouterr().err and not out.exists()
+
+
+def test_the_short_entry_covers_exactly_the_short_protocols_umbrella_settings():
+    from bsuite import sweep
+
+    from algorithms.common.config import zoo_hyperparams
+    from algorithms.experiment.suite import SHORT_PROTOCOL
+    from algorithms.tabular.vcbm import VCBMConfig
+
+    for experiment in ("umbrella_length", "umbrella_distract"):
+        short = {f"{experiment}/{i}" for i in SHORT_PROTOCOL[experiment][0]}
+        for bsuite_id in (key for key in sweep.SETTINGS if key.startswith(experiment + "/")):
+            entry = zoo_hyperparams("vcbm", f"bsuite:{bsuite_id}")
+            if bsuite_id in short:
+                assert entry == {"warmup_transitions": 100, "forced_visits": 8}, bsuite_id
+            else:  # bsuite's 10,000 episodes keep the paper's exploration
+                assert entry.get("warmup_transitions", VCBMConfig.warmup_transitions) == 2000, bsuite_id
