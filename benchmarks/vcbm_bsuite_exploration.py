@@ -23,6 +23,8 @@ from pathlib import Path
 
 from algorithms import bsuite_score, train
 from algorithms.common import cli
+from algorithms.common.errors import VcbmGymError
+from algorithms.experiment import suite
 
 SHORT_EPISODES = 1_000  # the short protocol's budget per setting
 
@@ -50,9 +52,12 @@ def run_one(experiment: str, setting: int, seed: int, warmup: int, forced: int, 
         *("env_kwargs={integer_observations: true}", "stop_at_convergence=false"),
         *(f"warmup_transitions={warmup}", f"forced_visits={forced}"),
     ]
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        if train.main(argv) != 0:
-            raise SystemExit(f"run failed: python -m algorithms.train {' '.join(argv)}")
+    errors = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(errors):
+        failed = train.main(argv) != 0
+    if failed:
+        last = (errors.getvalue().strip().splitlines() or ["no message"])[-1]
+        raise SystemExit(f"python -m algorithms.train {' '.join(argv)} failed: {last}")
     return where / "env_log"
 
 
@@ -67,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes {args.episodes}: expected a positive number of episodes per run")
+    if args.seeds[1] < 1 or args.seeds[0] < 0:
+        parser.error(f"--seeds {args.seeds[0]} {args.seeds[1]}: expected a first seed >= 0 and at least one seed")
+    try:
+        suite.protocol_settings(args.experiment, "bsuite", indices=args.settings)
+    except VcbmGymError as exc:
+        parser.error(str(exc))
     seeds = range(args.seeds[0], args.seeds[0] + args.seeds[1])
     rows = []
     for warmup, forced in args.grid:

@@ -21,13 +21,22 @@ def test_the_papers_exploration_never_leaves_the_warm_up_of_a_one_step_chain_and
     assert zoo["seed_scores"] == [1.0] and zoo["average_regret"]["0"][0] < 0.3
 
 
-def test_a_bad_grid_entry_is_one_line_before_any_run(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"--grid": ["100-8"]}, "'100-8': expected WARMUP:FORCED"),
+        ({"--settings": ["99"]}, "--settings [99]: umbrella_length has settings 0 to 22"),
+        ({"--seeds": ["100", "0"]}, "--seeds 100 0: expected a first seed >= 0 and at least one seed"),
+        ({"--episodes": ["0"]}, "--episodes 0: expected a positive number of episodes per run"),
+    ],
+)
+def test_bad_input_is_one_line_before_any_run(tmp_path, capsys, change, expected):
     out = tmp_path / "grid.json"
+    options = {"--experiment": ["umbrella_length"], "--settings": ["0"], "--seeds": ["100", "1"], "--grid": ["100:8"]}
+    argv = [item for flag, values in (options | change).items() for item in (flag, *values)]
     with pytest.raises(SystemExit):
-        exploration.main(
-            ["--experiment", "umbrella_length", "--settings", "0", "--seeds", "100", "1", "--grid", "100-8", "--out", str(out)]
-        )
-    assert "'100-8': expected WARMUP:FORCED" in capsys.readouterr().err and not out.exists()
+        exploration.main([*argv, "--out", str(out)])
+    assert expected in capsys.readouterr().err and not out.exists()
 
 
 def test_the_short_entry_covers_exactly_the_short_protocols_umbrella_settings():
