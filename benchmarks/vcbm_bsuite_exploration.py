@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import io
-import itertools
 import sys
 import tempfile
 from pathlib import Path
 
-from algorithms import bsuite_score, train
 from algorithms.common import cli
 from algorithms.common.errors import VcbmGymError
 from algorithms.experiment import suite
@@ -36,29 +33,22 @@ def pair(text: str) -> tuple[int, int]:
     return int(warmup), int(forced)
 
 
-def average_regret(log_dir: Path) -> float:
-    """bsuite's umbrella measure of one run: total regret at the last logged episode per episode."""
-    (log,) = log_dir.glob("*.csv")
-    with log.open() as f:
-        *_, last = csv.DictReader(f)
-    return float(last["total_regret"]) / int(last["episode"])
-
-
-def run_one(experiment: str, setting: int, seed: int, warmup: int, forced: int, episodes: int, where: Path) -> Path:
-    """One VCBM run of `episodes` episodes with bsuite's log (every episode counts: no stop at convergence)."""
+def sweep(experiment: str, settings: list[int], seeds: range, episodes: int, warmup: int, forced: int, out: Path):
+    """One (warm-up, forced visits) pair through `algorithms.suite` (every episode counts, bsuite's own scorer): each
+    seed's bsuite score and, per setting, each seed's whole-run regret per episode."""
     argv = [
-        *("--algo", "vcbm", "--env", f"bsuite:{experiment}/{setting}", "--seed", str(seed)),
-        *("--max-episodes", str(episodes), "--log-dir", str(where), "--no-progress", "--hyperparams"),
-        *("env_kwargs={integer_observations: true}", "stop_at_convergence=false"),
-        *(f"warmup_transitions={warmup}", f"forced_visits={forced}"),
+        *("--experiment", experiment, "--algos", "vcbm", "--settings", *map(str, settings), "--episodes", str(episodes)),
+        *("--seeds", str(len(seeds)), "--seed-start", str(seeds.start), "--workers", "0", "--no-progress", "--out", str(out)),
+        *("--hyperparams", "env_kwargs={integer_observations: true}", f"warmup_transitions={warmup}", f"forced_visits={forced}"),
     ]
-    errors = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(errors):
-        failed = train.main(argv) != 0
-    if failed:
-        last = (errors.getvalue().strip().splitlines() or ["no message"])[-1]
-        raise SystemExit(f"python -m algorithms.train {' '.join(argv)} failed: {last}")
-    return where / "env_log"
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # the suite's table
+        results = suite.run(argv)
+    seed_scores = results["experiments"][experiment]["algos"]["vcbm"]["seed_scores"]
+    regret: dict[str, list[float]] = {str(setting): [] for setting in settings}
+    for seed in seeds:
+        for row in suite.setting_table(sorted(out.glob(f"runs/vcbm/*/seed{seed}/env_log"))):
+            regret[row["bsuite_id"].partition("/")[2]].append(row["mean"])
+    return seed_scores, regret
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,16 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for warmup, forced in args.grid:
         with tempfile.TemporaryDirectory() as tmp:
-            logs = {
-                (setting, seed): run_one(
-                    args.experiment, setting, seed, warmup, forced, args.episodes, Path(tmp) / f"{setting}_{seed}"
-                )
-                for setting, seed in itertools.product(args.settings, seeds)
-            }
-            seed_scores = [
-                bsuite_score.experiment_score([logs[s, seed] for s in args.settings], args.experiment) for seed in seeds
-            ]
-            regret = {str(s): [average_regret(logs[s, seed]) for seed in seeds] for s in args.settings}
+            seed_scores, regret = sweep(args.experiment, args.settings, seeds, args.episodes, warmup, forced, Path(tmp))
         rows.append({"warmup_transitions": warmup, "forced_visits": forced, "seed_scores": seed_scores, "average_regret": regret})
         mean_regret = " ".join(f"{s}: {sum(r) / len(r):.2f}" for s, r in regret.items())
         print(
