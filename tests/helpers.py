@@ -105,6 +105,13 @@ def tiny_llm_argv(
     return argv + ["--hyperparams", *hyperparams] if hyperparams else argv
 
 
+def run_without_xla_settings(code: str) -> subprocess.CompletedProcess:
+    """`code` run by this Python in a fresh process at REPO without XLA_FLAGS and JAX_PLATFORMS: XLA reads them once, at
+    jax's import, so a test of who sets them first needs a process that has not imported jax."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
 def load_file(path: str, name: str) -> types.ModuleType:
     """The module of the file REPO/path, imported under `name` (benchmarks and examples are files, not packages)."""
     spec = importlib.util.spec_from_file_location(name, REPO / path)

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,10 +15,10 @@ pytest.importorskip("optax")
 
 import jax.numpy as jnp  # noqa: E402
 
+from tests.helpers import run_without_xla_settings  # noqa: E402
 from vcbm_gym.credit.base import EpisodeBatch  # noqa: E402
 from vcbm_gym.credit.rrd import RRDConfig, RRDRule  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ("numpy", "jax")
 # float32's unit roundoff is 2^-24; the longest sums of a step have a few hundred terms (tests/test_rrd_dtype.py)
 RTOL32 = 256 * 2.0**-24
@@ -228,8 +225,7 @@ def test_sb3_arm_sets_xla_threads_before_a_jax_rrd_rule_imports_jax():
         "assert 'jax' in sys.modules and 'vcbm_gym.credit.rrd_jax' in sys.modules\n"
         "print(os.environ['XLA_FLAGS'], os.environ['JAX_PLATFORMS'])\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+    done = run_without_xla_settings(script)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["--xla_cpu_multi_thread_eigen=false", "intra_op_parallelism_threads=1", "cpu"]
 

@@ -4,8 +4,6 @@ credit slot's relabelling replay buffer unchanged; a bad or unavailable engine i
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,8 +20,8 @@ from algorithms import train  # noqa: E402
 from algorithms.common.errors import ConfigError, VcbmGymError  # noqa: E402
 from algorithms.sb3 import runner  # noqa: E402
 from algorithms.sb3.buffers import RelabelingReplayBuffer  # noqa: E402
+from tests.helpers import run_without_xla_settings  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 HOPPER = "EpisodicHopper-v5"
 # short Hopper episodes, so that a credit run (learning_starts >= one episode) learns within a few hundred steps
 SHORT = {"env_kwargs": {"max_episode_steps": 20}, "learning_starts": 100, "batch_size": 32, "buffer_size": 2000}
@@ -218,7 +216,6 @@ def test_resolving_an_sbx_run_sets_xla_threads_before_jax_is_imported():
         "import jax\n"
         "print(os.environ['XLA_FLAGS'], jax.default_backend())\n"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    done = run_without_xla_settings(code)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == f"{single_thread} cpu"
