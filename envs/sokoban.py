@@ -32,7 +32,10 @@ inside any other text ("Thought: the box is left of the target. Action: right"; 
 Observations are a function of the board alone, so that GiGPO's anchor key (the observation a turn answers) joins
 the turns of a task's rollouts that face the same board: the first observation states the task, the legend, the
 moves and the turn budget, then the board; every later one is the board, and at the end a line saying how it ended.
-What a move did is the step's `execution_output`.
+What a move did is the step's `execution_output`. With `describe` (default off) each board is followed by one line
+in words (`board_description`): where each box and target lie from the player, then what the four cells next to it
+hold ("Box: 1 up, 2 right. Target: 3 right. Up: floor. Down: wall. Left: floor. Right: box."). It is the same board,
+still a function of the board alone, for a small model that cannot find the player's row and column in the grid.
 
 `info` per step (vcbm_gym/contract.py): `state_mutating` (the player or a box moved), `execution_output` (what the
 move did, in words: the VCBM bookmark key), `effect` (EMPO's canonical effect: "push up", "move up", ..., "no-op
@@ -297,6 +300,7 @@ class SokobanEnv(SnapshotMixin, gym.Env):
         max_inner_walls: int = 2,
         solve_reward: float = 1.0,
         step_penalty: float = 0.0,
+        describe: bool = False,
         render_mode: str | None = None,
     ):
         self.dim = _positive_int("dim", dim, 4)
@@ -325,6 +329,9 @@ class SokobanEnv(SnapshotMixin, gym.Env):
                 f"solve_reward={solve_reward}, step_penalty={step_penalty}: expected solve_reward > 0 and step_penalty >= 0"
             )
         self.solve_reward, self.step_penalty = float(solve_reward), float(step_penalty)
+        if not isinstance(describe, (bool, np.bool_)):
+            raise ValueError(f"describe={describe!r}: expected true or false")
+        self.describe = bool(describe)
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode={render_mode!r}: expected one of {self.metadata['render_modes']}")
         self.render_mode = render_mode
@@ -335,7 +342,7 @@ class SokobanEnv(SnapshotMixin, gym.Env):
 
     def snapshot_identity(self) -> tuple:
         return (self.dim, self.num_boxes, self.max_steps, self.min_pushes, self.max_pushes, self.max_inner_walls,
-                self.solve_reward, self.step_penalty)  # fmt: skip
+                self.solve_reward, self.step_penalty, self.describe)  # fmt: skip
 
     def redraw_outcome(self, rng: np.random.Generator) -> None:
         """Nothing to redraw: a move's result is decided by the board alone."""
@@ -362,7 +369,7 @@ class SokobanEnv(SnapshotMixin, gym.Env):
         self._last_obs = (
             f"Sokoban: push {box} ({BOX}) onto a target ({TARGET}). Legend: {LEGEND}. Each turn answer with one move: "
             f"up, down, left or right. Walking into a box pushes it; a box cannot be pulled, and a box against a wall "
-            f"or another box does not move. You have {self.max_steps} moves.\n{self.board_text()}"
+            f"or another box does not move. You have {self.max_steps} moves.\n{self.board_view()}"
         )
         distance = self._solution.distance(self._state)
         return self._last_obs, {"difficulty": self._difficulty, "moves_to_solve": -1 if distance is None else int(distance)}
@@ -390,7 +397,7 @@ class SokobanEnv(SnapshotMixin, gym.Env):
         self._done = solved or truncated
         reward = (self.solve_reward if solved else 0.0) - self.step_penalty
         distance = self._solution.distance(self._state)
-        obs = self.board_text()
+        obs = self.board_view()
         if solved:
             obs += f"\nSolved: {'the box is' if self.num_boxes == 1 else 'every box is'} on a target."
         elif truncated:
@@ -423,21 +430,49 @@ class SokobanEnv(SnapshotMixin, gym.Env):
         return moves[0] if moves else None
 
     # --- internals -----------------------------------------------------------------------------
+    def board_view(self) -> str:
+        """What an observation shows of the board: its text, and with `describe` its description below it."""
+        return f"{self.board_text()}\n{self.board_description()}" if self.describe else self.board_text()
+
+    def board_description(self) -> str:
+        """The board from the player's place, in words: where each box and target lies from the player (rows, then
+        columns), then what each of the four cells next to the player holds. For example
+        "Box: 1 up, 2 right. Target: 1 up, 3 right. Up: floor. Down: wall. Left: floor. Right: floor."."""
+        player, boxes = self._state
+        names = {WALL: "wall", FLOOR: "floor", TARGET: "target", BOX: "box", BOX_ON_TARGET: "box on target"}
+
+        def offset(cell: Cell) -> str:
+            dr, dc = cell[0] - player[0], cell[1] - player[1]
+            parts = [f"{abs(dr)} {'up' if dr < 0 else 'down'}"] if dr else []
+            parts += [f"{abs(dc)} {'left' if dc < 0 else 'right'}"] if dc else []
+            return ", ".join(parts) or "here"
+
+        places = [f"Box: {offset(b)}." for b in boxes] + [f"Target: {offset(t)}." for t in sorted(self._targets)]
+        neighbours = []
+        for move in DIRECTIONS:
+            cell = (player[0] + _DELTAS[move][0], player[1] + _DELTAS[move][1])
+            neighbours.append(f"{move.capitalize()}: {names[self._cell_char(cell)]}.")
+        return " ".join(places + neighbours)
+
+    def _cell_char(self, cell: Cell) -> str:
+        """The legend's character of a cell, the player left out."""
+        on_target = cell in self._targets
+        if self._walls[cell]:
+            return WALL
+        if cell in self._state[1]:
+            return BOX_ON_TARGET if on_target else BOX
+        return TARGET if on_target else FLOOR
+
     def board_text(self) -> str:
         """The board, one row a line, cells separated by spaces (so that a word-level tokenizer reads each cell)."""
-        player, boxes = self._state
+        player = self._state[0]
         rows = []
         for r in range(self.dim):
             cells = []
             for c in range(self.dim):
-                cell, on_target = (r, c), (r, c) in self._targets
-                if self._walls[cell]:
-                    cells.append(WALL)
-                elif cell in boxes:
-                    cells.append(BOX_ON_TARGET if on_target else BOX)
-                elif cell == player:
-                    cells.append(PLAYER_ON_TARGET if on_target else PLAYER)
+                if (r, c) == player:
+                    cells.append(PLAYER_ON_TARGET if (r, c) in self._targets else PLAYER)
                 else:
-                    cells.append(TARGET if on_target else FLOOR)
+                    cells.append(self._cell_char((r, c)))
             rows.append(" ".join(cells))
         return "\n".join(rows)

@@ -27,6 +27,7 @@ NEEDED = {
     "LinearKeyToDoor-v0": (),
     "CreditTree-v0": (),
     "Sokoban-v0": ("vcbm-loop", "--ratio-sharing effect"),
+    "SokobanDescribed-v0": ("vcbm-loop", "--ratio-sharing effect"),
     **{env_id: () for env_id in vcbm_gym.DELAYED_ENV_IDS},
 }
 EVALUATION = {
@@ -38,6 +39,7 @@ EVALUATION = {
     "TextWatchWorkshop-v0": {"first_decision_optimal", "task_goal_completion", "is_decision_turn"},
     "TextThinkSolve-v0": {"first_decision_optimal", "task_goal_completion", "is_decision_turn"},
     "Sokoban-v0": {"task_goal_completion", "is_success"},
+    "SokobanDescribed-v0": {"task_goal_completion", "is_success"},
 }
 
 

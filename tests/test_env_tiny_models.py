@@ -48,12 +48,13 @@ def _wander_then(rng: np.random.Generator, turns: int, then):
     return choose
 
 
-def test_the_registry_gives_sokoban_and_coin_their_own_models_and_other_envs_none():
+def test_the_registry_gives_sokobans_and_coin_their_own_models_and_other_envs_none():
     from algorithms.llm.model.env_registry import env_tiny_model
-    from algorithms.llm.model.sokoban import SOKOBAN
+    from algorithms.llm.model.sokoban import SOKOBAN, SOKOBAN_DESCRIBED
     from algorithms.llm.model.textworld_coin import COIN
 
     assert env_tiny_model("Sokoban-v0") is SOKOBAN and env_tiny_model("TextWorldExpress-coin-v0") is COIN
+    assert env_tiny_model("SokobanDescribed-v0") is SOKOBAN_DESCRIBED
     assert env_tiny_model("TextWatchRepair-v0") is None and env_tiny_model("TextWorldExpress-twc-v0") is None
     assert env_tiny_model(None) is None
 
@@ -88,6 +89,36 @@ def test_sokobans_models_keep_their_cache_keys(tmp_path):
     config.pop("_name_or_path")
     key = warm_start_key(SOKOBAN.stage, SOKOBAN.examples(SOKOBAN.stage), config, tokenizer.get_vocab(), base.name)
     assert key == "5e5d4acd702375fb"  # what cached_warm_start names the trained model's folder
+
+
+def test_the_described_sokoban_models_read_the_description_and_imitate_the_solver():
+    """SokobanDescribed's vocabulary spells every description on boards its corpus never played, and its warm-start
+    data are the solver's moves on every turn where the board can still be solved (DESCRIBED_GOLD_RATE 1.0)."""
+    from algorithms.llm.model.sokoban import SOKOBAN, SOKOBAN_DESCRIBED
+    from algorithms.llm.model.warm_start import WarmStartConfig
+    from envs.sokoban import DIRECTIONS
+
+    _, tokenizer = SOKOBAN_DESCRIBED.random_tiny(0)
+    _, grid_tokenizer = SOKOBAN.random_tiny(0)
+    env, rng = SOKOBAN_DESCRIBED.make_env(), np.random.default_rng(0)
+    for seed in range(500, 520):
+        obs, _ = env.reset(seed=seed)
+        assert obs.splitlines()[-1].startswith("Box: ")
+        done = False
+        while not done:
+            assert tokenizer.unk_token_id not in tokenizer(obs)["input_ids"], obs
+            obs, _, terminated, truncated, _ = env.step(str(rng.choice(DIRECTIONS)))
+            done = terminated or truncated
+    assert "Target" in tokenizer.get_vocab() and "Target" not in grid_tokenizer.get_vocab()
+    examples, optimal, solvable = SOKOBAN_DESCRIBED.examples(WarmStartConfig(episodes_per_env=10)), 0, 0
+    for example in examples:
+        if len(example["prompt"]) == 2:  # a new episode: the data's boards are 10,000 on
+            env.reset(seed=10_000 + sum(len(e["prompt"]) == 2 for e in examples[: examples.index(example)]))
+        moves = env.unwrapped._solution.optimal_moves(env.unwrapped._state)
+        solvable += bool(moves)
+        optimal += example["completion"][0]["content"].split()[-1][:-2] in moves
+        env.step(example["completion"][0]["content"])
+    assert solvable == len(examples) and optimal == len(examples)
 
 
 def test_the_zoo_plays_each_env_in_the_setting_its_tiny_models_were_made_in():

@@ -202,6 +202,25 @@ def test_the_observation_is_a_function_of_the_board():
     assert one == two
 
 
+def test_describe_adds_where_box_and_target_lie_and_what_the_player_faces():
+    """Hand-read from ONE_PUSH (player at row 2, column 1, box at column 2, target at column 3)."""
+    env = SokobanEnv(describe=True)
+    obs, _ = env.reset(seed=0, options={"board": ONE_PUSH})
+    assert board_of(obs) == board_of(SokobanEnv().reset(seed=0, options={"board": ONE_PUSH})[0])
+    assert obs.splitlines()[-1] == "Box: 1 right. Target: 2 right. Up: floor. Down: floor. Left: wall. Right: box."
+    obs = env.step("up")[0]
+    assert obs.splitlines()[-1] == (
+        "Box: 1 down, 1 right. Target: 1 down, 2 right. Up: wall. Down: floor. Left: wall. Right: floor."
+    )
+    env.step("down")
+    assert env.step("right")[0].splitlines()[-2:] == [
+        "Box: 1 right. Target: 1 right. Up: floor. Down: floor. Left: floor. Right: box on target.",
+        "Solved: the box is on a target.",
+    ]
+    obs, _ = env.reset(seed=0, options={"board": ONE_PUSH.replace("# P X O _ #", "# S X _ _ #")})
+    assert obs.splitlines()[-1] == "Box: 1 right. Target: here. Up: floor. Down: floor. Left: wall. Right: box."
+
+
 def test_following_the_optimal_alternative_solves_in_the_fewest_moves():
     env = SokobanEnv()
     for seed in range(30):
@@ -284,6 +303,7 @@ def test_a_snapshot_of_another_setting_is_refused():
         ({"step_penalty": -1.0}, "step_penalty >= 0"),
         ({"min_pushes": True}, "min_pushes=True"),
         ({"render_mode": "human"}, "render_mode='human'"),
+        ({"describe": "yes"}, "describe='yes': expected true or false"),
     ],
 )
 def test_bad_constructor_values_are_one_line_naming_the_value(kwargs, needle):
@@ -334,15 +354,16 @@ def test_the_replay_reference_gives_the_scripted_policy_no_credit_and_scores_the
 
 
 @pytest.mark.parametrize(
-    "extra, hyperparams",
+    "env_id, extra, hyperparams",
     [
-        ((), ()),
-        (("--credit", "gigpo"), ()),
-        (("--credit", "vcbm_blend"), ()),
-        ((), ("ratio_sharing=effect",)),
+        ("Sokoban-v0", (), ()),
+        ("Sokoban-v0", ("--credit", "gigpo"), ()),
+        ("Sokoban-v0", ("--credit", "vcbm_blend"), ()),
+        ("Sokoban-v0", (), ("ratio_sharing=effect",)),
+        ("SokobanDescribed-v0", (), ()),
     ],
 )
-def test_the_llm_arm_trains_the_tiny_model_on_sokoban(tmp_path, extra, hyperparams):
+def test_the_llm_arm_trains_the_tiny_model_on_sokoban(tmp_path, env_id, extra, hyperparams):
     pytest.importorskip("trl")
     import yaml
 
@@ -350,7 +371,7 @@ def test_the_llm_arm_trains_the_tiny_model_on_sokoban(tmp_path, extra, hyperpara
     from tests.helpers import tiny_llm_argv
 
     small = ["generation_batch_size=4", "num_generations=2", "per_device_train_batch_size=4", *hyperparams]
-    argv = tiny_llm_argv("loop", tmp_path, *extra, "--seed", "1", env="Sokoban-v0", iterations=2, hyperparams=small)
+    argv = tiny_llm_argv("loop", tmp_path, *extra, "--seed", "1", env=env_id, iterations=2, hyperparams=small)
     summary = run(argv)
     assert summary["iterations_run"] == 2 and "final_task_goal_completion" in summary
     assert summary["final_invalid_turn_rate"] < 1.0  # its vocabulary names the moves: some random answers are moves

@@ -12,7 +12,7 @@ from algorithms.common.errors import ConfigError
 from envs.textworld_express import GAMES
 
 TEXT_GAMES = (*(f"TextWorldExpress-{game}-v0" for game in GAMES), "TextWorldCooking-v0")
-LLM_ENVS = ("AppWorld-v0", "TextWatchRepair-v0", "TextWatchWorkshop-v0", "Sokoban-v0", *TEXT_GAMES)
+LLM_ENVS = ("AppWorld-v0", "TextWatchRepair-v0", "TextWatchWorkshop-v0", "Sokoban-v0", "SokobanDescribed-v0", *TEXT_GAMES)
 
 
 def _write(folder, name, text):

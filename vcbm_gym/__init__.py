@@ -86,10 +86,13 @@ EPISODIC_MUJOCO_ENV_IDS = tuple(f"Episodic{base_id}" for base_id in _EPISODIC_MU
 DELAYED_ENV_IDS = tuple(f"Delayed{base_id}" for base_id in _DELAYED)
 BSUITE_ENV_IDS = ("BSuite-v0", *BSUITE_IDS)
 
-# Sokoban as text (envs/sokoban.py): the EMPO paper's setting, 6 x 6 board, one box, 15 moves
+# Sokoban as text (envs/sokoban.py): the EMPO paper's setting, 6 x 6 board, one box, 15 moves; SokobanDescribed-v0
+# adds to each board a line in words (describe=True), which a tiny CPU model can read
 if "Sokoban-v0" not in registry:
     register(id="Sokoban-v0", entry_point="envs.sokoban:SokobanEnv")
-ENV_IDS = (*ENV_IDS, "Sokoban-v0")
+if "SokobanDescribed-v0" not in registry:
+    register(id="SokobanDescribed-v0", entry_point="envs.sokoban:SokobanEnv", kwargs={"describe": True})
+ENV_IDS = (*ENV_IDS, "Sokoban-v0", "SokobanDescribed-v0")
 
 # Text games (the `textworld` extra; envs/textworld_express.py, envs/textworld_game.py): TextWorldExpress's games,
 # TextWorldExpress-v0 with game= and one id per game (TextWorldExpress-coin-v0, ...), TextWorld game files and the

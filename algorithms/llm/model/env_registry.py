@@ -8,6 +8,7 @@ import importlib
 # env id -> "module:attribute" of its EnvTinyModel, imported on first use
 ENV_MODELS: dict[str, str] = {
     "Sokoban-v0": "algorithms.llm.model.sokoban:SOKOBAN",
+    "SokobanDescribed-v0": "algorithms.llm.model.sokoban:SOKOBAN_DESCRIBED",
     "TextWorldExpress-coin-v0": "algorithms.llm.model.textworld_coin:COIN",
 }
 
