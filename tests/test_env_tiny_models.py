@@ -110,15 +110,16 @@ def test_the_described_sokoban_models_read_the_description_and_imitate_the_solve
             obs, _, terminated, truncated, _ = env.step(str(rng.choice(DIRECTIONS)))
             done = terminated or truncated
     assert "Target" in tokenizer.get_vocab() and "Target" not in grid_tokenizer.get_vocab()
-    examples, optimal, solvable = SOKOBAN_DESCRIBED.examples(WarmStartConfig(episodes_per_env=10)), 0, 0
+    examples, optimal, solvable, episode = SOKOBAN_DESCRIBED.examples(WarmStartConfig(episodes_per_env=10)), 0, 0, -1
     for example in examples:
-        if len(example["prompt"]) == 2:  # a new episode: the data's boards are 10,000 on
-            env.reset(seed=10_000 + sum(len(e["prompt"]) == 2 for e in examples[: examples.index(example)]))
+        if len(example["prompt"]) == 2:  # a new episode (system prompt and board): the data's boards are 10,000 on
+            episode += 1
+            assert example["prompt"][1]["content"] == env.reset(seed=10_000 + episode)[0]
         moves = env.unwrapped._solution.optimal_moves(env.unwrapped._state)
         solvable += bool(moves)
         optimal += example["completion"][0]["content"].split()[-1][:-2] in moves
         env.step(example["completion"][0]["content"])
-    assert solvable == len(examples) and optimal == len(examples)
+    assert episode == 9 and solvable == len(examples) and optimal == len(examples)
 
 
 def test_the_zoo_plays_each_env_in_the_setting_its_tiny_models_were_made_in():
