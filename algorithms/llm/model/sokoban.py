@@ -28,6 +28,8 @@ them, which leaves RL most of the task (though of three RL pilots on it only one
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from algorithms.llm.model.env_models import EnvTinyModel, gold_or_random, played_texts
@@ -68,18 +70,11 @@ def answer(move: str) -> str:
     return format_answer(SUBJECT, move)
 
 
-def scripted_move(env, rng: np.random.Generator) -> str:
-    """The solver's optimal move with probability GOLD_RATE, else a uniformly random move (module docstring)."""
+def scripted_move(env, rng: np.random.Generator, gold_rate: float = GOLD_RATE) -> str:
+    """The solver's optimal move with probability `gold_rate`, else a uniformly random move (module docstring)."""
     from envs.sokoban import DIRECTIONS
 
-    return gold_or_random(env.unwrapped.optimal_alternative(), DIRECTIONS, rng, GOLD_RATE)
-
-
-def solver_move(env, rng: np.random.Generator) -> str:
-    """The solver's optimal move with probability DESCRIBED_GOLD_RATE, else a uniformly random move."""
-    from envs.sokoban import DIRECTIONS
-
-    return gold_or_random(env.unwrapped.optimal_alternative(), DIRECTIONS, rng, DESCRIBED_GOLD_RATE)
+    return gold_or_random(env.unwrapped.optimal_alternative(), DIRECTIONS, rng, gold_rate)
 
 
 SOKOBAN = EnvTinyModel(
@@ -96,7 +91,7 @@ SOKOBAN_DESCRIBED = EnvTinyModel(
     env_id="SokobanDescribed-v0",
     name="sokoban-described",
     texts=described_texts,
-    action=solver_move,
+    action=functools.partial(scripted_move, gold_rate=DESCRIBED_GOLD_RATE),
     answer=answer,
     stage=DESCRIBED_STAGE,
     env_kwargs={"max_steps": 15, "min_pushes": 1, "max_pushes": 3},
