@@ -112,6 +112,21 @@ def run_without_xla_settings(code: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 
 
+def replayed_sokoban_turns(examples: list[dict], env) -> tuple[int, list[tuple[str, tuple[str, ...]]]]:
+    """A Sokoban warm start's examples replayed on `env`: (episodes, [(each answer, the optimal moves of the board it
+    answered)]). An episode starts where the prompt is the system prompt and a board, which must be the board of its
+    seed (the warm start's boards are 10,000 on)."""
+    episode, turns = -1, []
+    for example in examples:
+        if len(example["prompt"]) == 2:
+            episode += 1
+            assert example["prompt"][1]["content"] == env.reset(seed=10_000 + episode)[0]
+        answer = example["completion"][0]["content"]
+        turns.append((answer, env.unwrapped._solution.optimal_moves(env.unwrapped._state)))
+        env.step(answer)
+    return episode + 1, turns
+
+
 def load_file(path: str, name: str) -> types.ModuleType:
     """The module of the file REPO/path, imported under `name` (benchmarks and examples are files, not packages)."""
     spec = importlib.util.spec_from_file_location(name, REPO / path)

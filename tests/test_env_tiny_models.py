@@ -97,6 +97,7 @@ def test_the_described_sokoban_models_read_the_description_and_imitate_the_solve
     from algorithms.llm.model.sokoban import SOKOBAN, SOKOBAN_DESCRIBED
     from algorithms.llm.model.warm_start import WarmStartConfig
     from envs.sokoban import DIRECTIONS
+    from tests.helpers import replayed_sokoban_turns
 
     _, tokenizer = SOKOBAN_DESCRIBED.random_tiny(0)
     _, grid_tokenizer = SOKOBAN.random_tiny(0)
@@ -110,16 +111,10 @@ def test_the_described_sokoban_models_read_the_description_and_imitate_the_solve
             obs, _, terminated, truncated, _ = env.step(str(rng.choice(DIRECTIONS)))
             done = terminated or truncated
     assert "Target" in tokenizer.get_vocab() and "Target" not in grid_tokenizer.get_vocab()
-    examples, optimal, solvable, episode = SOKOBAN_DESCRIBED.examples(WarmStartConfig(episodes_per_env=10)), 0, 0, -1
-    for example in examples:
-        if len(example["prompt"]) == 2:  # a new episode (system prompt and board): the data's boards are 10,000 on
-            episode += 1
-            assert example["prompt"][1]["content"] == env.reset(seed=10_000 + episode)[0]
-        moves = env.unwrapped._solution.optimal_moves(env.unwrapped._state)
-        solvable += bool(moves)
-        optimal += example["completion"][0]["content"].split()[-1][:-2] in moves
-        env.step(example["completion"][0]["content"])
-    assert episode == 9 and solvable == len(examples) and optimal == len(examples)
+    examples = SOKOBAN_DESCRIBED.examples(WarmStartConfig(episodes_per_env=10))
+    episodes, turns = replayed_sokoban_turns(examples, env)
+    assert episodes == 10 and len(turns) == len(examples)
+    assert all(moves and answer.split()[-1][:-2] in moves for answer, moves in turns)
 
 
 def test_the_zoo_plays_each_env_in_the_setting_its_tiny_models_were_made_in():

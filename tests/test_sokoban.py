@@ -416,19 +416,15 @@ def test_the_sokoban_warm_start_data_are_well_formed_moves_partly_the_solvers():
     pytest.importorskip("trl")
     from algorithms.llm.model.sokoban import GOLD_RATE, SOKOBAN
     from algorithms.llm.model.warm_start import WarmStartConfig
+    from tests.helpers import replayed_sokoban_turns
 
     examples = SOKOBAN.examples(WarmStartConfig(episodes_per_env=40))
-    env, episode, optimal = SokobanEnv(), -1, 0
-    for example in examples:
-        answer = example["completion"][0]["content"]
+    episodes, turns = replayed_sokoban_turns(examples, SokobanEnv())
+    optimal = 0
+    for answer, moves in turns:
         assert answer in {f"Action: player {move}()" for move in DIRECTIONS}, answer
-        if len(example["prompt"]) == 2:  # a new episode (system prompt and board): the data's seeds are 10,000 on
-            episode += 1
-            obs, _ = env.reset(seed=10_000 + episode)
-            assert example["prompt"][1]["content"] == obs
-        optimal += answer.split()[-1][:-2] in env._solution.optimal_moves(env._state)
-        env.step(answer)
-    assert episode == 39
+        optimal += answer.split()[-1][:-2] in moves
+    assert episodes == 40 and len(turns) == len(examples)
     # each answer is the solver's move with probability GOLD_RATE, else a uniform one (optimal 1 time in 4, or 2 in 4)
     assert GOLD_RATE + (1 - GOLD_RATE) * 0.2 < optimal / len(examples) < GOLD_RATE + (1 - GOLD_RATE) * 0.6
 
