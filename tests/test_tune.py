@@ -15,10 +15,11 @@ import optuna
 import pytest
 import yaml
 
-from algorithms.common.errors import ConfigError, VcbmGymError
+from algorithms.common.errors import ConfigError, Stopped, VcbmGymError
 from algorithms.common.spec import Objective
+from algorithms.experiment import executor
 from algorithms.experiment.search_space import apply_params, parse_search_space
-from algorithms.experiment.study import DISCOUNTED, SAMPLERS, open_study, trial_overrides
+from algorithms.experiment.study import DISCOUNTED, SAMPLERS, open_study, storage_of, trial_overrides
 from algorithms.experiment.trials import Reporter, worker_loop
 from algorithms.experiment.tune import build_parser, main, resolve_settings
 from algorithms.experiment.tune import run as tune
@@ -301,8 +302,9 @@ def test_a_stopped_tune_leaves_no_worker_exits_143_with_one_line_and_discounts_i
     settings, _ = resolve_settings(build_parser().parse_args([*FAST_VCBM, "--trials", "1000", "--out", str(tmp_path / "out")]))
     study = open_study(settings)
     stopped = [t for t in study.trials if t.state == optuna.trial.TrialState.FAIL]
-    assert stopped and all(t.user_attrs["failure"] == "Terminated: SIGTERM" for t in stopped)
-    assert set(study.user_attrs[DISCOUNTED]) == {t.number for t in stopped}  # the stopped trials do not count
+    failures = {t.number: t.user_attrs.get("failure") for t in stopped}
+    assert failures and set(failures.values()) == {"Terminated: SIGTERM"}, failures
+    assert set(study.user_attrs[DISCOUNTED]) == set(failures)  # the stopped trials do not count
 
 
 def _has_open(pid: int, path: Path) -> bool:
@@ -387,3 +389,25 @@ def test_a_bad_storage_is_one_line_and_is_left_as_it_was(tmp_path, capsys, conte
     if before is not None:
         assert storage.read_bytes() == before  # Optuna would have appended its next entry to the cut line
     assert not (out / "tune_config.yml").exists()
+
+
+def test_a_stop_landing_inside_a_journal_write_stops_the_trial_and_leaves_the_journal_unlocked(tmp_path, monkeypatch):
+    """Optuna's lock release unlinks its renamed lock file again in an `except BaseException`: a stop landing right
+    after the first unlink made that second one raise FileNotFoundError, recorded as the trial's failure."""
+    journal = tmp_path / "study.journal"
+    storage = storage_of(str(journal))
+    unlink, fired = os.unlink, []
+
+    def unlink_then_stop(path, *args, **kwargs):
+        unlink(path, *args, **kwargs)
+        if str(path).endswith(".rename") and not fired:
+            fired.append(path)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(os, "unlink", unlink_then_stop)
+    with pytest.raises(Stopped, match="SIGTERM"):
+        with executor.sigterm_stops():
+            optuna.create_study(storage=storage, study_name="stopped")
+    monkeypatch.undo()
+    assert fired and not list(tmp_path.glob("study.journal.lock*"))  # released, nothing left behind
+    assert optuna.load_study(study_name="stopped", storage=storage_of(str(journal))).study_name == "stopped"

@@ -95,6 +95,39 @@ def sigterm_stops() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+@contextlib.contextmanager
+def stops_held() -> Iterator[None]:
+    """A SIGINT or SIGTERM that arrives inside the block takes effect as the block ends, for a short write that a
+    stop must not cut: Optuna's journal lock cleans up in an `except BaseException` that itself fails when the
+    stop lands between its rename and unlink (the trial's failure then reads FileNotFoundError), or leaves the
+    lock held. A handler, not a signal mask: any thread of the process may take a process-directed signal, while
+    Python runs the handler in the main thread. Elsewhere than the main thread no handler runs, so nothing waits."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if handler is not None:  # None: set outside Python, and not restorable from it
+            previous[signum] = signal.signal(signum, lambda received, frame: held.append(received))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held:
+            _deliver(held[0], previous[held[0]])
+
+
+def _deliver(signum: int, handler: Any) -> None:
+    """What the signal would have done had it not been held."""
+    if callable(handler):
+        handler(signum, None)
+    elif handler == signal.SIG_DFL:
+        os.kill(os.getpid(), signum)
+
+
 def failure_line(exc: BaseException) -> str:
     """`Type: message` of an exception, its last line only (Ray wraps a task's traceback into its message)."""
     cause = getattr(exc, "cause", None) or exc  # a Ray task error carries the task's own exception

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import json
 import os
 import socket
@@ -19,6 +20,7 @@ from typing import Any
 from algorithms.common import cli
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.spec import Objective
+from algorithms.experiment import executor
 from algorithms.experiment.search_space import Param, apply_params
 from algorithms.registry import get_arm
 
@@ -85,11 +87,22 @@ def load_optuna() -> Any:
     return optuna
 
 
-def storage_of(path: str) -> Any:
-    optuna = load_optuna()
+@functools.cache
+def _stop_safe_backend() -> type:
     from optuna.storages.journal import JournalFileBackend
 
-    return optuna.storages.JournalStorage(JournalFileBackend(path))
+    class StopSafeJournalFileBackend(JournalFileBackend):
+        """Optuna's journal file, whose writes (lock, append, unlock) a stop cannot cut (executor.stops_held)."""
+
+        def append_logs(self, logs: list[dict[str, Any]]) -> None:
+            with executor.stops_held():
+                super().append_logs(logs)
+
+    return StopSafeJournalFileBackend
+
+
+def storage_of(path: str) -> Any:
+    return load_optuna().storages.JournalStorage(_stop_safe_backend()(path))
 
 
 def _not_a_journal(path: str, why: str) -> VcbmGymError:
@@ -110,11 +123,12 @@ def check_storage(path: str) -> None:
         raise _not_a_journal(path, "is a directory" if os.path.isdir(path) else "is not a regular file")
     lock = JournalFileSymlinkLock(path)
     try:
-        lock.acquire()
-        try:
-            data = Path(path).read_bytes()
-        finally:
-            lock.release()
+        with executor.stops_held():
+            lock.acquire()
+            try:
+                data = Path(path).read_bytes()
+            finally:
+                lock.release()
     except OSError as exc:
         raise _not_a_journal(path, f"cannot be read ({exc.strerror or exc})") from None
     if data and not data.endswith(b"\n"):
