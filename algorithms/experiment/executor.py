@@ -13,6 +13,8 @@ Stopping and orphans, written once for every command:
   (both BaseExceptions, which no `except Exception` in library code swallows: tqdm's does); either stops the
   jobs in flight (processes: SIGTERM, then SIGKILL after STOP_TIMEOUT_S; Ray tasks: cancelled, forced)
   before it propagates to the command, which reports it in one line (`stopped`: exit code 130 or 143).
+- inside `stops_held()`, a SIGINT or SIGTERM waits for the end of the block: for a short write that a stop
+  must not cut (tune's journal writes).
 - a worker process ignores SIGINT (Ctrl-C reaches the whole process group; the command alone decides how to
   stop) and turns SIGTERM into Terminated, so that the task's `finally` and `except BaseException` blocks run.
 - a worker process never outlives the process that started it, even one killed by SIGKILL (no handler runs
