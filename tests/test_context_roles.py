@@ -17,6 +17,7 @@ import pytest
 from scipy.stats import fisher_exact, norm
 
 import vcbm_gym  # noqa: F401 (registers ContextMatch-v0)
+from algorithms import compare
 from algorithms.common.errors import ConfigError
 from algorithms.tabular.vcbm import VCBMConfig
 from algorithms.train import run
@@ -308,6 +309,15 @@ def test_the_marginal_tests_leave_vcbm_at_chance_on_context_match(tmp_path, caus
     assert summary["roles"]["flag"] == "noise" and summary["bookmark_contexts"] == []
     assert summary["converged"] is False and abs(summary["final_correct_rate"] - 0.5) < CHANCE_BAND
     assert "found no controlled component after the warm-up" in capsys.readouterr().err
+
+
+def test_in_an_experiment_each_runs_warning_names_its_run(tmp_path, capsys):
+    """The runs of a compare share one stderr: a warning without its run could be any of them."""
+    argv = ["--env", ENV_ID, "--algos", "vcbm", "--seeds", "2", "--seed-start", "3", "--workers", "0"]
+    argv += ["--max-episodes", "400", "--hyperparams", f"causal_test={FREQUENCY}", "--out", str(tmp_path), "--no-progress"]
+    compare.run(argv)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "found no controlled component" in line]
+    assert [line.partition("warning: ")[0] for line in warnings] == ["[vcbm seed 3] ", "[vcbm seed 4] "]
 
 
 def test_vcbm_plus_with_its_defaults_learns_context_match(tmp_path):

@@ -9,11 +9,13 @@ run of the same config hash (and unchanged since: its checksum) is reused, not r
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from tqdm.auto import tqdm
 
@@ -65,11 +67,41 @@ def seed_jobs(label: str, spec: RunSpec, seeds: range, log_dir_of: Any) -> list[
     return [Job(label, seed, Path(log_dir_of(seed)), spec.with_seed(seed)) for seed in seeds]
 
 
+class LinePrefixed(io.TextIOBase):
+    """A text stream that writes to `stream`, each line started with `prefix`."""
+
+    def __init__(self, stream: TextIO, prefix: str) -> None:
+        self.stream, self.prefix, self.at_line_start = stream, prefix, True
+
+    def write(self, text: str) -> int:
+        pieces = []
+        for line in text.splitlines(keepends=True):
+            pieces.append(self.prefix + line if self.at_line_start else line)
+            self.at_line_start = line.endswith(("\n", "\r"))
+        self.stream.write("".join(pieces))
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def fileno(self) -> int:
+        return self.stream.fileno()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self.stream.encoding
+
+
 def run_seed(job: Job) -> bytes | None:
     """One job of the executor: train the spec into its log dir (the experiment owns the log dir: a stale run there
     is replaced). A Ray task on another node than the command returns the log dir packed, for the command to
-    unpack into --out (algorithms.experiment.distributed)."""
-    train.execute(job.spec, job.log_dir, RunOptions(progress=False, overwrite=True))
+    unpack into --out (algorithms.experiment.distributed). What the run prints to stderr (an agent's warning)
+    names the run: the runs of an experiment share one stderr."""
+    with contextlib.redirect_stderr(LinePrefixed(sys.stderr, f"[{job.label} seed {job.seed}] ")):
+        train.execute(job.spec, job.log_dir, RunOptions(progress=False, overwrite=True))
     return pack_dir(job.log_dir) if executor.on_remote_node() else None
 
 
