@@ -138,6 +138,27 @@ def test_elite_episodes_fill_their_share_of_every_batch():
     np.testing.assert_allclose(batch.rewards.numpy()[:, 0], xs)  # elite transitions relabelled too
 
 
+def test_elite_draws_follow_the_heap_as_it_changes_and_keep_each_transition_whole():
+    """Observations [x, episode index], next observation the same + 1: a draw that mixed two episodes' rows, or one
+    from an episode the heap has since dropped, would show here."""
+    rule = ScaledFirstFeature(scale=1.0, elites=(2, 0.5))
+    buffer = RelabelingReplayBuffer(64, BOX, ACTION, device="cpu", rule=rule)
+    _fill(buffer, [[1.0, 2.0], [3.0, 4.0, 5.0]])  # returns 3 and 12: both elite
+    np.random.seed(0)
+
+    def elite_half() -> tuple[np.ndarray, np.ndarray]:
+        batch = buffer.sample(200)
+        return batch.observations.numpy()[100:], batch.next_observations.numpy()[100:]
+
+    obs, next_obs = elite_half()
+    assert set(map(tuple, obs)) == {(1.0, 0.0), (2.0, 0.0), (3.0, 1.0), (4.0, 1.0), (5.0, 1.0)}
+    np.testing.assert_array_equal(next_obs, obs + 1)
+    _fill(buffer, [[], [], [6.0, 7.0]])  # episode 2, return 13, replaces episode 0 (return 3) in the heap
+    obs, next_obs = elite_half()
+    assert set(map(tuple, obs)) == {(3.0, 1.0), (4.0, 1.0), (5.0, 1.0), (6.0, 2.0), (7.0, 2.0)}
+    np.testing.assert_array_equal(next_obs, obs + 1)
+
+
 def test_ircr_scale_spans_the_transition_fifo_and_the_best_episodes_by_hand():
     rule = IRCRRule(buffer_transitions=10, top_episodes=2)
 

@@ -234,27 +234,35 @@ class RelabelingReplayBuffer(ReplayBuffer):
         elite = self._elite_samples(n_elite)
         return ReplayBufferSamples(*(a if a is None else th.cat([a, b]) for a, b in zip(fifo, elite)))
 
+    def _elite_rows(self) -> dict[str, np.ndarray]:
+        """The elite episodes' transitions end to end in heap order (each StoredEpisode field, and `episode_returns`:
+        every row's episode return); rebuilt when the heap changes (at most once an episode), not at every batch."""
+        key = tuple(arrival for _, arrival, _ in self.elites)
+        cached = getattr(self, "_elite_cache", None)  # absent from a buffer pickled before it existed
+        if cached is None or cached[0] != key:
+            episodes = [item[2] for item in self.elites]
+            rows = {field: np.concatenate([getattr(e, field) for e in episodes]) for field in StoredEpisode._fields[1:]}
+            rows["episode_returns"] = np.concatenate([np.full(len(e.rewards), e.episode_return) for e in episodes])
+            self._elite_cache = cached = (key, rows)
+        return cached[1]
+
     def _elite_samples(self, n: int) -> ReplayBufferSamples:
         """n transitions drawn uniformly from the elite episodes' transitions, relabelled like the FIFO's; with
         n_steps > 1 their n-step returns within the stored elite episode (which ends its own runs)."""
-        episodes = [item[2] for item in self.elites]
-        lengths = np.array([len(e.rewards) for e in episodes])
-        flat = np.random.randint(0, int(lengths.sum()), size=n)
+        lengths = np.array([len(item[2].rewards) for item in self.elites])
+        flat = np.random.randint(0, int(lengths.sum()), size=n)  # rows of _elite_rows
         which = np.searchsorted(np.cumsum(lengths), flat, side="right")
         step = flat - np.concatenate([[0], np.cumsum(lengths)[:-1]])[which]
         mask = step[:, None] + np.arange(self.n_steps)[None] < lengths[which][:, None]  # (n, n_steps): steps summed
-        last = step + mask.sum(axis=1) - 1
-        summed_e, summed_t = np.broadcast_to(which[:, None], mask.shape)[mask], (step[:, None] + np.arange(self.n_steps))[mask]
-
-        def gather(field: str, es: np.ndarray, ts: np.ndarray) -> np.ndarray:
-            return np.stack([getattr(episodes[e], field)[t] for e, t in zip(es, ts)])
-
+        last = flat + mask.sum(axis=1) - 1  # the row of each return's last step, in the same episode
+        summed = (flat[:, None] + np.arange(self.n_steps)[None])[mask]
+        rows = self._elite_rows()
         per_step = self.relabel(
-            gather("observations", summed_e, summed_t),
-            gather("actions", summed_e, summed_t),
-            gather("next_observations", summed_e, summed_t),
-            np.array([episodes[e].episode_return for e in summed_e]),
-            gather("rewards", summed_e, summed_t),
+            rows["observations"][summed],
+            rows["actions"][summed],
+            rows["next_observations"][summed],
+            rows["episode_returns"][summed],
+            rows["rewards"][summed],
         )
         if self.n_steps == 1:
             returns, discounts = self._normalize_reward(per_step.reshape(-1, 1).astype(np.float32)), None
@@ -262,13 +270,12 @@ class RelabelingReplayBuffer(ReplayBuffer):
             rewards = np.zeros(mask.shape, dtype=np.float64)
             rewards[mask] = per_step
             returns, discounts = self._discounted_sums(self._normalize_reward(rewards), mask)
-        obs, actions = gather("observations", which, step), gather("actions", which, step)
-        next_obs = gather("next_observations", which, last)
+        obs, actions, next_obs = rows["observations"][flat], rows["actions"][flat], rows["next_observations"][last]
         return ReplayBufferSamples(
             observations=self.to_torch(self._normalize_obs(obs.astype(self.observations.dtype))),
             actions=self.to_torch(actions.reshape(n, self.action_dim).astype(self.actions.dtype)),
             next_observations=self.to_torch(self._normalize_obs(next_obs.astype(self.observations.dtype))),
-            dones=self.to_torch(gather("dones", which, last).reshape(-1, 1)),
+            dones=self.to_torch(rows["dones"][last].reshape(-1, 1)),
             rewards=self.to_torch(returns),
             discounts=None if discounts is None else self.to_torch(discounts),
         )
