@@ -217,15 +217,24 @@ def finished_history(job: Job) -> tuple[list[dict] | None, str]:
     return history, ""
 
 
+OUTPUT_FILE = "output.txt"  # in a run's log dir: what the run printed, its warnings included
+
+
 def train_one(job: Job) -> None:
-    """One job of the executor (a spawned process): train the run into its log dir, replacing what is there."""
+    """One job of the executor (a spawned process): train the run into its log dir, replacing what is there. What the
+    run prints goes to its log dir, not to the study's one progress line per run."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from algorithms.train import run
 
     log = Path(job.log_dir)
     shutil.rmtree(log, ignore_errors=True)  # never let an old result stand beside a new request
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        run(list(job.argv))
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            run(list(job.argv))
+    finally:
+        if log.is_dir():
+            cli.atomic_write_text(log / OUTPUT_FILE, printed.getvalue())
     cli.atomic_write_json(log / "request.json", {"argv": list(job.argv), "warm_start": job.warm_start})
 
 
