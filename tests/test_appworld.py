@@ -87,6 +87,26 @@ def test_reference_script_gets_full_reward(appworld, scenario):
     env.close()
 
 
+def test_the_tiny_models_scripted_policy_at_gold_rate_one_solves_every_task_through_the_answer_format(appworld):
+    """The AppWorld warm start's data (algorithms/llm/model/appworld.py): each turn's reference cell, read through the
+    env, written as an answer, and run out of it."""
+    import numpy as np
+
+    from algorithms.llm.model.appworld import answer, scripted_cell
+
+    pool, root = appworld
+    env = gym.make("AppWorld-v0", split="train", max_interactions=6, server_pool=pool)
+    for task_id in env.unwrapped.task_ids("train"):
+        env.reset(options={"task_id": task_id})
+        assert env.unwrapped.reference_cells() == oracle_cells(root, task_id)
+        done, rng = False, np.random.default_rng(0)
+        while not done:
+            _, reward, terminated, truncated, info = env.step(answer(scripted_cell(env, rng, gold_rate=1.0)))
+            done = terminated or truncated
+        assert terminated and reward == 1.0 and info["num_interactions"] == len(oracle_cells(root, task_id)), task_id
+    env.close()
+
+
 def test_meets_the_env_contract_for_vcbm_loop_and_empo(appworld):
     from vcbm_gym.contract import check_contract
 

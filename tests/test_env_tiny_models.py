@@ -1,5 +1,5 @@
-"""The tiny models of their own that some envs get (algorithms/llm/model/env_models.py): Sokoban's and
-TextWorldExpress-coin's vocabulary and warm-start data, the registry that hands them out, and where it is used
+"""The tiny models of their own that some envs get (algorithms/llm/model/env_models.py): Sokoban's,
+TextWorldExpress-coin's and AppWorld's vocabulary and warm-start data, the registry that hands them out, and where it is used
 (training, algorithms.evaluate, the LLM study's warm-start pre-build).
 
 TextWorldExpress's engine runs on Java: the tests that play coin skip where no `java` is on PATH."""
@@ -48,13 +48,14 @@ def _wander_then(rng: np.random.Generator, turns: int, then):
     return choose
 
 
-def test_the_registry_gives_sokobans_and_coin_their_own_models_and_other_envs_none():
+def test_the_registry_gives_sokoban_coin_and_appworld_their_own_models_and_other_envs_none():
+    from algorithms.llm.model.appworld import APPWORLD
     from algorithms.llm.model.env_registry import env_tiny_model
     from algorithms.llm.model.sokoban import SOKOBAN, SOKOBAN_DESCRIBED
     from algorithms.llm.model.textworld_coin import COIN
 
     assert env_tiny_model("Sokoban-v0") is SOKOBAN and env_tiny_model("TextWorldExpress-coin-v0") is COIN
-    assert env_tiny_model("SokobanDescribed-v0") is SOKOBAN_DESCRIBED
+    assert env_tiny_model("SokobanDescribed-v0") is SOKOBAN_DESCRIBED and env_tiny_model("AppWorld-v0") is APPWORLD
     assert env_tiny_model("TextWatchRepair-v0") is None and env_tiny_model("TextWorldExpress-twc-v0") is None
     assert env_tiny_model(None) is None
 
@@ -124,8 +125,9 @@ def test_the_zoo_plays_each_env_in_the_setting_its_tiny_models_were_made_in():
     settings = yaml.safe_load((REPO / "zoo_configs/llm-base.yml").read_text())
     for env_id in ENV_MODELS:
         env_model = env_tiny_model(env_id)
-        assert settings[env_id]["env_kwargs"] == dict(env_model.env_kwargs), env_id
-        assert settings[env_id]["system_prompt"] == "tiny", env_id  # the prompt its warm start was trained with
+        on_cpu = {**settings[env_id], **settings[env_id].get("cpu_overrides", {})}  # AppWorld's top level: its 7B run
+        assert on_cpu["env_kwargs"] == dict(env_model.env_kwargs), env_id
+        assert on_cpu["system_prompt"] == "tiny", env_id  # the prompt its warm start was trained with
 
 
 @needs_java
@@ -199,6 +201,53 @@ def test_the_coin_warm_start_data_are_well_formed_commands_partly_the_gold_one()
     by_chance = sum(1 / n for _, best, n in turns if best is not None)
     # gold with probability GOLD_RATE, else uniform (gold 1 time in n by chance): between chance and always gold
     assert by_chance + 0.5 * textworld_coin.GOLD_RATE * len(turns) < gold < 0.8 * len(turns)
+
+
+def test_the_appworld_vocabulary_writes_every_reference_cell_of_data_it_never_saw_and_the_shared_one_cannot():
+    """Each answer decodes to itself, and AppWorld runs exactly the cell out of it; on the shared vocabulary the
+    decoded answer loses the cell's newlines and indentation (the reason AppWorld has a vocabulary of its own)."""
+    import random
+
+    from algorithms.llm.model.appworld import APPWORLD, VOCABULARY_SEEDS, answer
+    from algorithms.llm.model.tiny import build_tiny_tokenizer
+    from envs.appworld.env import code_from_action
+    from envs.appworld.synthetic_tasks import SCENARIOS
+
+    _, tokenizer = APPWORLD.random_tiny(0)
+    shared = build_tiny_tokenizer(())
+    held_out = range(VOCABULARY_SEEDS.stop, VOCABULARY_SEEDS.stop + 10)
+    cells = {cell for _, build in SCENARIOS.values() for seed in held_out for cell in build(random.Random(seed)).solution_cells}
+    assert len(cells) > 20 and any("\n    " in cell for cell in cells)  # loops, and data the corpus never drew
+    for cell in cells:
+        ids = tokenizer(answer(cell))["input_ids"]
+        assert tokenizer.unk_token_id not in ids and code_from_action(tokenizer.decode(ids)) == cell, cell
+    looped = next(cell for cell in sorted(cells) if "\n    " in cell)
+    assert code_from_action(shared.decode(shared(answer(looped))["input_ids"])) != looped
+
+
+class _TaskStandIn:
+    """What the AppWorld scripted policy reads of the env: the task's reference cells and the cells run so far."""
+
+    def __init__(self, cells, interactions):
+        self.unwrapped, self.cells, self.interactions, self.task_id = self, cells, interactions, "demo_1"
+
+    def reference_cells(self):
+        return self.cells
+
+
+def test_the_appworld_scripted_policy_plays_the_turns_reference_cell_at_its_gold_rate_and_else_a_mistake():
+    from algorithms.llm.model.appworld import mistake_cells, scripted_cell
+
+    cells = ["login()", "notes = everything()", "finish()"]
+    played = [scripted_cell(_TaskStandIn(cells, turn), np.random.default_rng(0), 1.0) for turn in range(5)]
+    assert played == [*cells, "finish()", "finish()"]  # past its end: the cell that ends the task
+    rng, n = np.random.default_rng(1), 4000
+    played = [scripted_cell(_TaskStandIn(cells, 1), rng, 0.75) for _ in range(n)]
+    assert set(played) - {"notes = everything()"} <= set(mistake_cells())
+    gold = played.count("notes = everything()") / n  # none of the mistakes is this cell
+    assert abs(gold - 0.75) < 4 * (0.75 * 0.25 / n) ** 0.5
+    with pytest.raises(ValueError, match="AppWorld task 'demo_1' has no reference cells"):
+        scripted_cell(_TaskStandIn(None, 0), np.random.default_rng(0))
 
 
 def test_evaluate_builds_tiny_on_the_envs_own_vocabulary():

@@ -41,6 +41,7 @@ exactly.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import string
@@ -262,6 +263,25 @@ class AppWorldEnv(gym.Env[str, str]):
             )
         self._transcript += [">>> " + code, output]
         return output, float(reward), terminated, truncated, info
+
+    def reference_cells(self) -> list[str] | None:
+        """The current task's reference solution, one code cell a turn, where its data has one (the synthetic tasks'
+        `ground_truth/solution_cells.json`; AppWorld's own data ships none): for scripted policies, never shown to the
+        agent (its sandbox sees no ground truth)."""
+        if self._task is None:
+            raise RuntimeError("AppWorldEnv.reference_cells() needs a task; call reset() first.")
+        path = self._pool_or_shared().root / "data" / "tasks" / self._task["task_id"] / "ground_truth" / "solution_cells.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    @property
+    def interactions(self) -> int:
+        """The code cells run so far in this episode."""
+        return self._interactions
+
+    @property
+    def task_id(self) -> str | None:
+        """The current task's id (None before the first reset)."""
+        return None if self._task is None else self._task["task_id"]
 
     def evaluate(self) -> dict:
         """AppWorld's evaluation of the current task's world as it stands (also after the episode

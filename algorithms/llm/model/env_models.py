@@ -46,6 +46,7 @@ class EnvTinyModel:
     answer: Callable[[str], str]  # a command written in the answer format
     stage: WarmStartConfig  # the warm start's shape and SFT budget
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)  # the settings its texts and turns are played under
+    lossless: bool = False  # a tokenizer whose decoding keeps whitespace (tiny.build_tiny_tokenizer): code, not words
 
     def make_env(self):
         import gymnasium as gym
@@ -59,9 +60,9 @@ class EnvTinyModel:
         from algorithms.llm.model.tiny import build_tiny
 
         if cfg is None:
-            return build_tiny(seed, extra_texts=self.texts())
+            return build_tiny(seed, extra_texts=self.texts(), lossless=self.lossless)
         shape = dict(hidden_size=cfg.hidden_size, tie_embeddings=cfg.tie_embeddings, embedding_std=cfg.embedding_std)
-        return build_tiny(cfg.model_seed, **shape, extra_texts=self.texts())
+        return build_tiny(cfg.model_seed, **shape, extra_texts=self.texts(), lossless=self.lossless)
 
     def examples(self, cfg: WarmStartConfig) -> list[dict[str, Any]]:
         """Conversational prompt/completion pairs, one per turn of the scripted policy on boards DATA_SEED_BASE + i."""

@@ -7,6 +7,7 @@ import importlib
 
 # env id -> "module:attribute" of its EnvTinyModel, imported on first use
 ENV_MODELS: dict[str, str] = {
+    "AppWorld-v0": "algorithms.llm.model.appworld:APPWORLD",
     "Sokoban-v0": "algorithms.llm.model.sokoban:SOKOBAN",
     "SokobanDescribed-v0": "algorithms.llm.model.sokoban:SOKOBAN_DESCRIBED",
     "TextWorldExpress-coin-v0": "algorithms.llm.model.textworld_coin:COIN",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from algorithms.llm.generation.prompting import ONE_SHOT_EXAMPLE, SYSTEM_PROMPT
@@ -60,12 +60,20 @@ def _played_texts(episodes_per_env: int = 40) -> list[str]:
     return texts
 
 
-def build_tiny_tokenizer(extra_texts: Sequence[str]) -> PreTrainedTokenizerFast:
+def build_tiny_tokenizer(extra_texts: Sequence[str], lossless: bool = False) -> PreTrainedTokenizerFast:
     """Word-level tokenizer over the corpus above and the played env texts, ChatML tokens and template; `extra_texts`
-    add the words of an env whose texts the embedded envs' do not cover (algorithms/llm/model/sokoban.py)."""
+    add the words of an env whose texts the embedded envs' do not cover (algorithms/llm/model/sokoban.py).
+
+    Its words are split at whitespace, which decoding puts back as one space: "Action: Alder repair()" survives,
+    code does not (newlines, indentation). `lossless` words are GPT-2's byte-level pieces instead, each with the
+    whitespace before it ("\n    for", " note"), so that decode(encode(text)) is text wherever no piece is unknown."""
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.normalizer = normalizers.NFKC()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if lossless:
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+    else:
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
     trainer = trainers.WordLevelTrainer(special_tokens=list(SPECIAL_TOKENS), min_frequency=1)
     corpus = list(_CORPUS) + _played_texts() + list(extra_texts)
     tok.train_from_iterator(sorted(set(" ".join(corpus).split())) + corpus, trainer=trainer)
@@ -75,6 +83,7 @@ def build_tiny_tokenizer(extra_texts: Sequence[str]) -> PreTrainedTokenizerFast:
         pad_token="<|endoftext|>",
         unk_token="[UNK]",
         additional_special_tokens=["<|im_start|>"],
+        **({"clean_up_tokenization_spaces": False} if lossless else {}),  # " ." stays " ." in code
     )
     fast.chat_template = CHATML_TEMPLATE
     return fast
@@ -126,8 +135,9 @@ def build_tiny(
     tie_embeddings: bool = TINY_TIED_EMBEDDINGS,
     embedding_std: float | None = None,
     extra_texts: Sequence[str] = (),
+    lossless: bool = False,
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
-    tokenizer = build_tiny_tokenizer(extra_texts)
+    tokenizer = build_tiny_tokenizer(extra_texts, lossless)
     model = build_tiny_model(
         len(tokenizer), seed, hidden_size=hidden_size, tie_embeddings=tie_embeddings, embedding_std=embedding_std
     )
