@@ -32,7 +32,7 @@ import yaml
 
 import vcbm_gym
 from algorithms.common import cli, provenance
-from algorithms.common.config import parse_overrides, user_config, zoo_hyperparams
+from algorithms.common.config import on_this_machine, parse_overrides, user_config, zoo_hyperparams
 from algorithms.common.credit_slot import credit_record
 from algorithms.common.errors import VcbmGymError
 from algorithms.common.extras import env_extra, require_extra
@@ -142,16 +142,17 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, Arm]:
 def resolve_spec(
     algo: str, env: str, seed: int, overrides: Mapping[str, Any] | None = None, config_file: str | None = None
 ) -> RunSpec:
-    """The run of `algo` on `env`: zoo YAML, then `config_file`, then `overrides` (already parsed values),
-    resolved and checked by the arm. compare, tune and suite build their runs with this, in memory."""
+    """The run of `algo` on `env`: zoo YAML, then `config_file`, then `overrides` (already parsed values), each with
+    its own cpu_overrides folded in on a machine without a CUDA GPU, resolved and checked by the arm. compare, tune and
+    suite build their runs with this, in memory."""
     cli.check_seed(seed)
     check_env_id(env)
     algo = canonical_algo(algo)
     arm = get_arm(algo)
-    mapping = zoo_hyperparams(algo, env)
+    mapping = on_this_machine(zoo_hyperparams(algo, env))
     if config_file:
-        mapping.update(user_config(config_file, env, gym.registry.keys(), algo=algo))
-    mapping.update(overrides or {})
+        mapping.update(on_this_machine(user_config(config_file, env, gym.registry.keys(), algo=algo)))
+    mapping.update(on_this_machine(dict(overrides or {})))
     return arm.resolve(algo, env, seed, mapping)
 
 

@@ -108,3 +108,26 @@ def test_the_llm_entries_list_only_what_differs():
         data = read_yaml(ZOO_CONFIG_DIR / f"{algo}.yml")
         assert data["base"] == "llm-base.yml"
         assert all(not (entry or {}).keys() - {"credit_kwargs"} for env_id, entry in data.items() if env_id != "base"), algo
+
+
+def test_cpu_overrides_replace_their_own_layer_and_a_later_layer_still_wins(tmp_path, monkeypatch):
+    """On a CPU the zoo's cpu_overrides replace the zoo entry's values, and the user's flags and --hyperparams replace
+    those: `--model tiny --iterations 40` on AppWorld-v0 once ran tiny-random for the overrides' 2 iterations."""
+    import torch
+
+    from algorithms.common.config import on_this_machine
+    from algorithms.train import resolve_spec
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    zoo = resolve_spec("loop", "AppWorld-v0", 0).identity()["hyperparams"]
+    assert (zoo["model"], zoo["iterations"], zoo["use_vllm"]) == ("tiny-random", 2, False)  # the overrides, not the 7B
+    mine = resolve_spec("loop", "AppWorld-v0", 0, {"model": "tiny", "iterations": 40}).identity()["hyperparams"]
+    assert (mine["model"], mine["iterations"], mine["use_vllm"]) == ("tiny", 40, False)
+    config = tmp_path / "run.yml"
+    config.write_text("AppWorld-v0:\n  iterations: 7\n  cpu_overrides: {iterations: 5}\n")
+    from_file = resolve_spec("loop", "AppWorld-v0", 0, {"model": "tiny"}, str(config)).identity()["hyperparams"]
+    assert (from_file["iterations"], from_file["model"]) == (5, "tiny")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert on_this_machine({"iterations": 7, "cpu_overrides": {"iterations": 5}}) == {"iterations": 7}
+    with pytest.raises(ConfigError, match=r"cpu_overrides=\[5\]: expected a mapping"):
+        on_this_machine({"cpu_overrides": [5]})

@@ -69,6 +69,22 @@ def read_yaml(path: str | Path) -> Any:
         ) from None
 
 
+def on_this_machine(layer: dict[str, Any]) -> dict[str, Any]:
+    """One layer of a run's settings (the zoo's entry, a --config file, --hyperparams) with its own `cpu_overrides`
+    in place of its values on a machine without a CUDA GPU, and without them on one with it. They replace that
+    layer's values only: a later layer, the user's --hyperparams and flags, still wins over the zoo's CPU setting."""
+    overrides = layer.pop("cpu_overrides", None)
+    if not overrides:
+        return layer
+    if not isinstance(overrides, dict):
+        raise ConfigError(f"cpu_overrides={overrides!r}: expected a mapping of hyperparameters")
+    import torch
+
+    if not torch.cuda.is_available():
+        layer.update({k: v for k, v in overrides.items() if k != "cpu_overrides"})
+    return layer
+
+
 def zoo_hyperparams(algo: str, env_id: str, config_dir: Path = ZOO_CONFIG_DIR) -> dict[str, Any]:
     """The entry for `env_id` in zoo_configs/<algo>.yml (empty if that file has no entry).
 

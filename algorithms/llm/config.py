@@ -120,8 +120,9 @@ class LoopRunConfig(Validated):
     checkpoint_every: int = 0
     n_tasks: int = 1024  # task seeds drawn from the run seed; independent of --iterations so that resumes match
     torch_threads: int = 0  # 0: torch's default; 1 is often fastest for tiny models on shared CPUs
-    # Settings that replace the entry's own on a machine without a CUDA GPU (e.g. the paper's
-    # bf16 / vLLM AppWorld setting becomes a tiny CPU run); applied when the run is resolved, so config.yml shows them.
+    # Settings that replace the entry's own on a machine without a CUDA GPU (e.g. the paper's bf16 / vLLM AppWorld
+    # setting becomes a tiny CPU run); folded into their own layer when the run is resolved (the user's flags and
+    # --hyperparams still win), so config.yml shows the values they gave and this stays empty
     cpu_overrides: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:

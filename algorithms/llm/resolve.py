@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from algorithms.common import cli
-from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value
+from algorithms.common.config import as_plain_dict, build_dataclasses, coerce_value, on_this_machine
 from algorithms.common.errors import ConfigError, VcbmGymError
 from algorithms.common.spec import RunSpec
 from algorithms.llm.config import DEFAULT_CREDIT, LLMConfig, LoopConfig, LoopRunConfig, MultiTurnGRPOConfig
@@ -177,13 +177,7 @@ def settled_mapping(algo: str, mapping: Mapping[str, Any]) -> dict[str, Any]:
             f"objective={mapping['objective']!r} for algo {algo!r}: trl-grpo keeps TRL's own loss; expected --algo loop "
             "or vcbm-loop, or TRL's own importance_sampling_level: sequence (its GSPO)"
         )
-    import torch
-
-    overrides = mapping.get("cpu_overrides") or {}
-    if not isinstance(overrides, dict):
-        raise ConfigError(f"cpu_overrides={overrides!r} for algo {algo!r}: expected a mapping of hyperparameters")
-    if overrides and not torch.cuda.is_available():
-        mapping.update({k: v for k, v in overrides.items() if k != "cpu_overrides"})
+    on_this_machine(mapping)  # a mapping given whole (train.resolve_spec folds each of its layers first)
     share_batch(mapping, cli.launch_world_size(), algo)
     return mapping
 
