@@ -15,8 +15,9 @@ that carry the whitespace before them):
   after it (their variables are missing), as a real slip does.
 
 The answer is the cell alone in its fence; the tiny models' one-line system prompt (`system_prompt: tiny`) replaces
-AppWorld's ReAct prompt, which a model this small cannot read. `GOLD_RATE`, `APPWORLD_KWARGS` and `APPWORLD_STAGE` are
-set before any measurement of this model: no pilot has run on it yet.
+AppWorld's ReAct prompt, which a model this small cannot read. On the 8 train tasks of the default synthetic data the
+warm start, greedy, solves 5 and writes the reference cell on 50% of its sampled turns (sampled success 16%); on the 8
+dev tasks, 2 and 41% (6%) (docs/notes/2026-12-06-appworld-tiny-pilots.md, with the RL pilots on it).
 """
 
 from __future__ import annotations
