@@ -49,6 +49,7 @@ SETTING_KEYS = ("env", "iterations", "turns", "rollouts", "group", "epochs", "le
 # The watch envs' env kwarg that `turns` sets; their settings name a noise scale, every other env's its env_kwargs
 WATCH_TURN_KEYS = {"TextWatchRepair-v0": "max_turns", "TextWatchWorkshop-v0": "n_stations"}
 METHOD_KEYS = {"algo", "credit", "hyperparams"}
+OUTPUT_FILE = "output.txt"  # in a run's log dir: what the run printed, its warnings included
 
 
 @dataclass(frozen=True)
@@ -217,18 +218,15 @@ def finished_history(job: Job) -> tuple[list[dict] | None, str]:
     return history, ""
 
 
-OUTPUT_FILE = "output.txt"  # in a run's log dir: what the run printed, its warnings included
-
-
 def train_one(job: Job) -> None:
-    """One job of the executor (a spawned process): train the run into its log dir, replacing what is there. What the
-    run prints goes to its log dir, not to the study's one progress line per run."""
+    """One job of the executor (a spawned process): train the run into its log dir, replacing what is there, and keep
+    what the run prints there (OUTPUT_FILE)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from algorithms.train import run
 
     log = Path(job.log_dir)
     shutil.rmtree(log, ignore_errors=True)  # never let an old result stand beside a new request
-    printed = io.StringIO()
+    printed = io.StringIO()  # not the study's output: one progress line per run
     try:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
             run(list(job.argv))
