@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.llm.model.tiny import SHARED_LOSSLESS
 from algorithms.llm.model.warm_start import WarmStartConfig, _cache_root, cached_warm_start, load_warm_start
 
 DATA_SEED_BASE = 10_000  # the warm start's boards: seeds the zoo never reports (its runs and evaluations use < 1,000)
@@ -46,7 +47,7 @@ class EnvTinyModel:
     answer: Callable[[str], str]  # a command written in the answer format
     stage: WarmStartConfig  # the warm start's shape and SFT budget
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)  # the settings its texts and turns are played under
-    lossless: bool = False  # a tokenizer whose decoding keeps whitespace (tiny.build_tiny_tokenizer): code, not words
+    lossless: bool = SHARED_LOSSLESS  # a tokenizer whose decoding keeps whitespace (tiny.build_tiny_tokenizer): code
 
     def make_env(self):
         import gymnasium as gym

@@ -60,7 +60,10 @@ def _played_texts(episodes_per_env: int = 40) -> list[str]:
     return texts
 
 
-def build_tiny_tokenizer(extra_texts: Sequence[str], lossless: bool = False) -> PreTrainedTokenizerFast:
+SHARED_LOSSLESS = False  # the shared tiny vocabulary's words are split at whitespace (build_tiny_tokenizer)
+
+
+def build_tiny_tokenizer(extra_texts: Sequence[str], lossless: bool = SHARED_LOSSLESS) -> PreTrainedTokenizerFast:
     """Word-level tokenizer over the corpus above and the played env texts, ChatML tokens and template; `extra_texts`
     add the words of an env whose texts the embedded envs' do not cover (algorithms/llm/model/sokoban.py).
 
@@ -135,7 +138,7 @@ def build_tiny(
     tie_embeddings: bool = TINY_TIED_EMBEDDINGS,
     embedding_std: float | None = None,
     extra_texts: Sequence[str] = (),
-    lossless: bool = False,
+    lossless: bool = SHARED_LOSSLESS,
 ) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
     tokenizer = build_tiny_tokenizer(extra_texts, lossless)
     model = build_tiny_model(
