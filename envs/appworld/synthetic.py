@@ -34,7 +34,7 @@ import random
 import shutil
 from datetime import datetime
 
-from envs.appworld.synthetic_tasks import FIRST_NAMES, LAST_NAMES, SCENARIOS, TaskSpec
+from envs.appworld.synthetic_tasks import FIRST_NAMES, LAST_NAMES, SCENARIOS, TaskSpec, supervisor_email
 
 SPLITS = ("train", "dev")
 TASK_DATETIME = datetime(2023, 5, 18, 12, 0, 0)
@@ -94,7 +94,7 @@ def build_task(data_dir: str, task_id: str, difficulty: int, spec: TaskSpec, rng
         person = {
             "first_name": first,
             "last_name": last,
-            "email": f"{first.lower()}.{last.lower()}@example.com",
+            "email": supervisor_email(first, last),
             "phone_number": str(rng.randint(2_000_000_000, 9_999_999_999)),
         }
         password = "pw-" + "".join(rng.choice("abcdefghjkmnpqrstuvwxyz23456789") for _ in range(10))

@@ -32,6 +32,11 @@ NOTE_TOPICS = [
 TAGS = ["work", "personal", "ideas", "errands", "archive", "urgent"]
 
 
+def supervisor_email(first: str, last: str) -> str:
+    """The email of a synthetic task's supervisor, from the names drawn from FIRST_NAMES and LAST_NAMES."""
+    return f"{first.lower()}.{last.lower()}@example.com"
+
+
 @dataclass
 class NoteSpec:
     title: str

@@ -55,10 +55,10 @@ def _tasks(seeds: range):
 def _supervisors() -> list[str]:
     """The first observation's supervisor line for every name a synthetic task's supervisor can have
     (envs.appworld.synthetic draws first and last names from these lists; phone numbers are random digits)."""
-    from envs.appworld.synthetic_tasks import FIRST_NAMES, LAST_NAMES
+    from envs.appworld.synthetic_tasks import FIRST_NAMES, LAST_NAMES, supervisor_email
 
     return [
-        f"Supervisor: {first} {last} (email {first.lower()}.{last.lower()}@example.com, phone 5550101234)"
+        f"Supervisor: {first} {last} (email {supervisor_email(first, last)}, phone 5550101234)"
         for first in FIRST_NAMES
         for last in LAST_NAMES
     ]
