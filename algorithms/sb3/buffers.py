@@ -249,13 +249,13 @@ class RelabelingReplayBuffer(ReplayBuffer):
     def _elite_samples(self, n: int) -> ReplayBufferSamples:
         """n transitions drawn uniformly from the elite episodes' transitions, relabelled like the FIFO's; with
         n_steps > 1 their n-step returns within the stored elite episode (which ends its own runs)."""
-        lengths = np.array([len(item[2].rewards) for item in self.elites])
-        flat = np.random.randint(0, int(lengths.sum()), size=n)  # rows of _elite_rows
-        which = np.searchsorted(np.cumsum(lengths), flat, side="right")
-        step = flat - np.concatenate([[0], np.cumsum(lengths)[:-1]])[which]
-        mask = step[:, None] + np.arange(self.n_steps)[None] < lengths[which][:, None]  # (n, n_steps): steps summed
-        last = flat + mask.sum(axis=1) - 1  # the row of each return's last step, in the same episode
-        summed = (flat[:, None] + np.arange(self.n_steps)[None])[mask]
+        ends = np.cumsum([len(item[2].rewards) for item in self.elites])  # one past each episode's last row
+        flat = np.random.randint(0, int(ends[-1]), size=n)  # rows of _elite_rows
+        end = ends[np.searchsorted(ends, flat, side="right")]  # the end of each drawn row's episode
+        runs = flat[:, None] + np.arange(self.n_steps)[None]  # (n, n_steps): the rows an n-step return may sum
+        mask = runs < end[:, None]  # those inside the drawn row's episode
+        last = flat + mask.sum(axis=1) - 1  # the row of each return's last step
+        summed = runs[mask]
         rows = self._elite_rows()
         per_step = self.relabel(
             rows["observations"][summed],
