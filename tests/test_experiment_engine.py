@@ -194,6 +194,15 @@ def test_plan_prints_cost_and_detectable_effect(capsys):
     assert "80 runs" in out and f"0.5 +- {verdict.detectable_effect(40, 40):.2f}" in out and "core-hours" in out
 
 
+def test_plan_counts_every_setting_of_a_suites_protocol(capsys):
+    pytest.importorskip("bsuite")
+    assert engine.main(["plan", "bsuite_umbrella_distract_power"]) == 0
+    out = capsys.readouterr().out
+    assert "440 runs" in out  # 11 methods x 4 settings of the short protocol x 10 seeds
+    assert engine.main(["plan", "bsuite_discounting_chain_power"]) == 0
+    assert "1600 runs" in capsys.readouterr().out  # 8 methods x bsuite's 20 settings x 10 seeds
+
+
 def test_every_measure_is_named_by_some_spec():
     used = {specs.load_spec(name).measure["name"] for name in specs.spec_names()}
     assert used == set(MEASURES)

@@ -102,8 +102,17 @@ def runs_of(spec: ExperimentSpec, seeds: int) -> int:
     if spec.kind == "llm":
         return len(spec.run["settings"]) * len(spec.run["methods"]) * seeds
     methods = len(spec.run.get("algos", spec.methods))
-    settings = len(spec.run.get("settings", [None])) if spec.kind == "suite" else 1
-    return methods * settings * seeds
+    return methods * len(settings_of(spec)) * seeds
+
+
+def settings_of(spec: ExperimentSpec) -> list[Any]:
+    """The settings each method plays: a suite's protocol's (or its listed ones), else one."""
+    if spec.kind != "suite":
+        return [None]
+    from algorithms.experiment import suite
+
+    run = spec.run
+    return suite.protocol_settings(run["experiment"], run.get("protocol") or "bsuite", run.get("episodes"), run.get("settings"))
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
