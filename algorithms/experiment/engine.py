@@ -1,4 +1,4 @@
-"""`python -m algorithms.experiment list | plan NAME | run NAME --out DIR | report NAME | verdicts`: one engine for
+"""`python -m algorithms.experiment list | plan NAME | run NAME --out DIR | archive | report NAME | verdicts`: one engine for
 every registered experiment (zoo_configs/experiments/<NAME>.yml; `--spec path.yml` for one of your own).
 
 - `list`: every experiment, its kind, its claims and the state of its committed results.
@@ -9,6 +9,9 @@ every registered experiment (zoo_configs/experiments/<NAME>.yml; `--spec path.ym
   executor; a `script` experiment runs its benchmark), records the spec's hash and commit in DIR/experiment.json
   and refuses a DIR that holds results of another version of the spec (never pooled). Seeds, episodes and `--short`
   other than the spec's are recorded as deviations: such results are exploratory.
+- `run ... --resume-from FILE` and `archive --out DIR --to FILE.tar.xz`: an experiment longer than one machine's
+  lease moves to another: `archive` packs its finished runs, `--resume-from` unpacks them into a new --out (refused
+  before any write if the archive was made under another version of the spec).
 - `report NAME [--results DIR]`: the experiment scored by its measure, with verdicts, as Markdown.
 - `verdicts [--headline]`: the verdict table, one row per paper claim of the zoo (claims.yml); `--headline`: the
   README's short form.
@@ -26,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 from algorithms.common import cli, provenance
 from algorithms.common.errors import VcbmGymError
-from algorithms.experiment import llm_study, specs, verdict
+from algorithms.experiment import archive, llm_study, specs, verdict
 from algorithms.experiment.specs import ExperimentSpec
 
 MAX_SEEDS = 10_000  # per method, as compare and suite accept (algorithms.experiment.jobs)
@@ -65,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", default="process", help="Where the runs go: process or ray.")
     run.add_argument("--address", default=None, help="With --backend ray: an existing cluster.")
     run.add_argument("--no-progress", action="store_true", help="No progress bars.")
+    run.add_argument(
+        "--resume-from", default=None, metavar="FILE", help="Unpack an `archive` of this experiment into --out first."
+    )
+    pack = commands.add_parser("archive", help="Pack an experiment's finished runs, to resume it on another machine.")
+    pack.add_argument("--out", required=True, help="The results directory of an experiment run.")
+    pack.add_argument("--to", required=True, help=f"The archive to write (a name ending in {archive.SUFFIX}).")
     return parser
 
 
@@ -221,13 +230,15 @@ def command_argv(spec: ExperimentSpec, args: argparse.Namespace, out: Path) -> l
 def check_out(spec: ExperimentSpec, out: Path, record: dict[str, Any]) -> None:
     """Refuse an --out that holds results of another version of the spec or other deviations: never pooled."""
     path = out / specs.RECORD_FILE
-    if not path.is_file():
-        return
-    earlier = cli.read_json_object(path, "experiment record")
+    if path.is_file():
+        check_same(cli.read_json_object(path, "experiment record"), record, f"--out {str(out)!r}")
+
+
+def check_same(earlier: dict[str, Any], record: dict[str, Any], where: str) -> None:
     same = earlier.get("experiment") == record["experiment"] and earlier.get("spec_hash") == record["spec_hash"]
     if not same or earlier.get("deviations") != record["deviations"]:
         raise VcbmGymError(
-            f"--out {str(out)!r} holds results of experiment {earlier.get('experiment')!r} at spec hash "
+            f"{where} holds results of experiment {earlier.get('experiment')!r} at spec hash "
             f"{str(earlier.get('spec_hash'))[:12]} with deviations {earlier.get('deviations')}; this run is "
             f"{record['experiment']!r} at {record['spec_hash'][:12]} with {record['deviations']}: results of different specs "
             "are never pooled; expected a new --out"
@@ -248,6 +259,10 @@ def cmd_run(args: argparse.Namespace) -> None:
     argv = command_argv(spec, args, out)
     record = specs.run_record(spec, deviations_of(spec, args))
     check_out(spec, out, record)
+    if args.resume_from:
+        resume_from = Path(args.resume_from)
+        check_same(archive.archived_record(resume_from), record, f"--resume-from {str(resume_from)!r}")
+        archive.unpack_archive(resume_from, out)
     if spec.kind == "script":
         execute_script(spec, argv, out, record)
         return
@@ -305,7 +320,20 @@ def execute_script(spec: ExperimentSpec, argv: list[str], out: Path, record: dic
         raise VcbmGymError(f"experiment {spec.name}: its benchmark {argv[0]} exited with {code}; expected 0")
 
 
-COMMANDS = {"list": cmd_list, "plan": cmd_plan, "report": cmd_report, "verdicts": cmd_verdicts, "run": cmd_run}
+def cmd_archive(args: argparse.Namespace) -> None:
+    to = Path(args.to)
+    runs = archive.write_archive(Path(args.out), to)
+    print(f"{runs} finished run(s) of {args.out} in {to}; resume with: run NAME --out NEW_DIR --resume-from {to}")
+
+
+COMMANDS = {
+    "list": cmd_list,
+    "plan": cmd_plan,
+    "report": cmd_report,
+    "verdicts": cmd_verdicts,
+    "run": cmd_run,
+    "archive": cmd_archive,
+}
 
 
 def run(argv: Sequence[str] | None = None) -> None:

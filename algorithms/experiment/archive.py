@@ -1,0 +1,94 @@
+"""An experiment's finished runs carried to another machine: `archive` packs them, `run --resume-from` unpacks them.
+
+A registered experiment longer than one machine's lease keeps its progress in a file: the experiment record
+(OUT/experiment.json: the spec hash the runs were made under) and every finished run's log dir (a `summary.json`
+whose checksum holds), without its TensorBoard event files where the experiment's outputs read none (suites read
+bsuite's CSV logs, LLM studies their history.json; compare's curve figure reads TensorBoard). Resuming unpacks them into a new
+--out, where the engine reuses each run whose config hash still matches and reruns the rest, and refuses an
+archive made under another version of the spec (never pooled), before anything is written.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from algorithms.common import cli
+from algorithms.common.errors import VcbmGymError
+from algorithms.common.log_dir import EVENT_FILE, summary_checksum
+from algorithms.experiment import distributed, specs
+
+SUFFIX = ".tar.xz"
+
+
+def finished_run_dirs(out: Path) -> list[Path]:
+    """The log dirs under `out` whose summary.json is intact: the runs a resumed experiment can reuse."""
+    found = []
+    for path in sorted(out.rglob("summary.json")):
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        if isinstance(summary, dict) and summary.get("checksum") == summary_checksum(summary):
+            found.append(path.parent)
+    return found
+
+
+def keeps_event_files(record: dict[str, Any]) -> bool:
+    """Whether the experiment's outputs read its runs' TensorBoard logs; yes where its spec cannot be found."""
+    try:
+        return specs.load_spec(str(record.get("experiment"))).kind == "compare"
+    except VcbmGymError:
+        return True
+
+
+def write_archive(out: Path, to: Path) -> int:
+    """Pack `out`'s experiment record and finished runs into `to` (written atomically); the number of runs."""
+    record_path = out / specs.RECORD_FILE
+    if not record_path.is_file():
+        raise VcbmGymError(f"--out {str(out)!r} holds no {specs.RECORD_FILE}: expected the --out of an experiment run")
+    if not to.name.endswith(SUFFIX):
+        raise VcbmGymError(f"--to {str(to)!r}: expected a file name ending in {SUFFIX}")
+    events = keeps_event_files(cli.read_json_object(record_path, "experiment record"))
+    runs = finished_run_dirs(out)
+    to.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=to.parent, prefix=f".{to.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle, tarfile.open(fileobj=handle, mode="w:xz") as tar:
+            tar.add(record_path, arcname=specs.RECORD_FILE)
+            for run_dir in runs:
+                files = (p for p in run_dir.rglob("*") if p.is_file() and (events or not p.name.startswith(EVENT_FILE)))
+                for path in sorted(files):
+                    tar.add(path, arcname=str(path.relative_to(out)), recursive=False)
+        os.replace(tmp, to)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return len(runs)
+
+
+def archived_record(path: Path) -> dict[str, Any]:
+    """The experiment record an archive was made under, read without unpacking anything."""
+    try:
+        with tarfile.open(path, mode="r:xz") as tar:
+            member = tar.extractfile(specs.RECORD_FILE)
+            record = json.load(io.TextIOWrapper(member, encoding="utf-8")) if member else None
+    except (OSError, KeyError, ValueError, tarfile.TarError) as exc:
+        raise VcbmGymError(f"--resume-from {str(path)!r}: not an experiment archive ({exc}); expected an `archive` file")
+    if not isinstance(record, dict):
+        raise VcbmGymError(f"--resume-from {str(path)!r}: its {specs.RECORD_FILE} is not an object")
+    return record
+
+
+def unpack_archive(path: Path, out: Path) -> None:
+    """Unpack the archive into `out`, which must not hold an experiment yet (what is there is never mixed)."""
+    if (out / specs.RECORD_FILE).exists():
+        raise VcbmGymError(f"--resume-from with --out {str(out)!r}, which already holds an experiment: expected a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, mode="r:xz") as tar:
+        distributed.extract_data(tar, out)

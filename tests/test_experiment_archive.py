@@ -1,0 +1,111 @@
+"""An experiment's finished runs carried to another machine: `archive`, then `run --resume-from`."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import yaml
+
+from algorithms.common.log_dir import EVENT_FILE
+from algorithms.experiment import archive, engine, specs
+
+RUN = ["--workers", "1", "--no-progress"]
+
+
+def _write_spec(path: Path, **changes) -> Path:
+    data = {
+        "title": "VCBM against Monte Carlo, a tiny check",
+        "kind": "compare",
+        "run": {"env": "WatchRepair-v0", "algos": ["vcbm", "mc"], "max_episodes": 40},
+        "seeds": {"start": 0, "n": 2},
+        "budget": {"ours": "40 episodes", "paper": "until convergence"},
+        "measure": {"name": "episodes_to_converge"},
+        "comparisons": [{"claim": "vcbm-table2", "treatment": "vcbm", "control": "mc"}],
+    } | changes
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _finished_experiment(tmp_path: Path) -> tuple[Path, Path]:
+    spec_file = _write_spec(tmp_path / "mine.yml")
+    out = tmp_path / "first_machine"
+    assert engine.main(["run", str(spec_file), "--out", str(out), *RUN]) == 0
+    return spec_file, out
+
+
+def test_a_resumed_experiment_reuses_every_archived_run_and_scores_the_same(tmp_path, capsys):
+    spec_file, out = _finished_experiment(tmp_path)
+    summaries = sorted(p.relative_to(out) for p in out.rglob("summary.json"))
+    assert len(summaries) == 4  # 2 methods x 2 seeds
+    unfinished = out / "runs" / "vcbm" / "seed99"
+    unfinished.mkdir(parents=True)
+    (unfinished / "config.yml").write_text("algo: vcbm\n")
+    assert any(p.name.startswith(EVENT_FILE) for p in out.rglob("*"))  # the runs wrote TensorBoard logs
+    to = tmp_path / "carried" / "mine.tar.xz"
+    assert engine.main(["archive", "--out", str(out), "--to", str(to)]) == 0
+    assert "4 finished run(s)" in capsys.readouterr().out
+    with tarfile.open(to) as tar:
+        names = tar.getnames()
+    assert specs.RECORD_FILE in names and sorted(Path(n) for n in names if n.endswith("summary.json")) == summaries
+    assert "seed99" not in str(names) and any(Path(n).name.startswith(EVENT_FILE) for n in names)  # compare's curves
+
+    second = tmp_path / "second_machine"
+    assert engine.main(["run", str(spec_file), "--out", str(second), "--resume-from", str(to), *RUN]) == 0
+    run = json.loads((second / "run.json").read_text())
+    assert (run["runs_reused"], run["runs_run"]) == (4, 0)
+    first, resumed = (json.loads((d / "results.json").read_text())["algos"] for d in (out, second))
+    assert resumed == first
+
+
+def test_an_archive_of_another_spec_version_is_refused_before_anything_is_written(tmp_path, capsys):
+    spec_file, out = _finished_experiment(tmp_path)
+    to = tmp_path / "mine.tar.xz"
+    assert engine.main(["archive", "--out", str(out), "--to", str(to)]) == 0
+    _write_spec(spec_file, seeds={"start": 0, "n": 3})
+    capsys.readouterr()
+    second = tmp_path / "second_machine"
+    assert engine.main(["run", str(spec_file), "--out", str(second), "--resume-from", str(to), *RUN]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "never pooled" in err and "--resume-from" in err
+    assert not second.exists()
+
+
+def test_resuming_into_an_out_that_holds_an_experiment_is_refused(tmp_path, capsys):
+    spec_file, out = _finished_experiment(tmp_path)
+    to = tmp_path / "mine.tar.xz"
+    assert engine.main(["archive", "--out", str(out), "--to", str(to)]) == 0
+    capsys.readouterr()
+    assert engine.main(["run", str(spec_file), "--out", str(out), "--resume-from", str(to), *RUN]) == 2
+    assert "expected a new --out" in capsys.readouterr().err
+
+
+def test_bad_archive_arguments_are_one_line(tmp_path, capsys):
+    assert engine.main(["archive", "--out", str(tmp_path), "--to", str(tmp_path / "a.tar.xz")]) == 2
+    assert "holds no experiment.json" in capsys.readouterr().err
+    (tmp_path / specs.RECORD_FILE).write_text("{}")
+    assert engine.main(["archive", "--out", str(tmp_path), "--to", str(tmp_path / "a.zip")]) == 2
+    assert "expected a file name ending in .tar.xz" in capsys.readouterr().err
+    not_archive = tmp_path / "b.tar.xz"
+    not_archive.write_text("plain text")
+    spec_file = _write_spec(tmp_path / "mine.yml")
+    assert engine.main(["run", str(spec_file), "--out", str(tmp_path / "o"), "--resume-from", str(not_archive), *RUN]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not an experiment archive" in err and len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+def test_event_files_travel_only_where_the_experiments_outputs_read_them(tmp_path):
+    assert archive.keeps_event_files({"experiment": "table2"})  # compare: its curve figure reads TensorBoard
+    assert not archive.keeps_event_files({"experiment": "bsuite_umbrella_distract_power"})  # bsuite's CSV logs
+    assert not archive.keeps_event_files({"experiment": "llm_power_workshop"})  # history.json
+    assert archive.keeps_event_files({"experiment": "a spec file of your own"})
+    _, out = _finished_experiment(tmp_path)
+    record = json.loads((out / specs.RECORD_FILE).read_text())
+    (out / specs.RECORD_FILE).write_text(json.dumps(record | {"experiment": "bsuite_umbrella_distract_power"}))
+    to = tmp_path / "suite.tar.xz"
+    assert archive.write_archive(out, to) == 4
+    with tarfile.open(to) as tar:
+        names = tar.getnames()
+    assert not any(Path(n).name.startswith(EVENT_FILE) for n in names)
+    assert sum(n.endswith("summary.json") for n in names) == 4
