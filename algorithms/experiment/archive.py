@@ -79,7 +79,9 @@ def archived_record(path: Path) -> dict[str, Any]:
             member = tar.extractfile(specs.RECORD_FILE)
             record = json.load(io.TextIOWrapper(member, encoding="utf-8")) if member else None
     except (OSError, KeyError, ValueError, tarfile.TarError) as exc:
-        raise VcbmGymError(f"--resume-from {str(path)!r}: not an experiment archive ({exc}); expected an `archive` file") from None
+        raise VcbmGymError(
+            f"--resume-from {str(path)!r}: not an experiment archive ({exc}); expected an `archive` file"
+        ) from None
     if not isinstance(record, dict):
         raise VcbmGymError(f"--resume-from {str(path)!r}: its {specs.RECORD_FILE} is not an object")
     return record
