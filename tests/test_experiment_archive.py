@@ -45,7 +45,7 @@ def test_a_resumed_experiment_reuses_every_archived_run_and_scores_the_same(tmp_
     assert any(p.name.startswith(EVENT_FILE) for p in out.rglob("*"))  # the runs wrote TensorBoard logs
     to = tmp_path / "carried" / "mine.tar.xz"
     assert engine.main(["archive", "--out", str(out), "--to", str(to)]) == 0
-    assert "4 finished run(s)" in capsys.readouterr().out
+    assert "4 finished run(s) of experiment mine" in capsys.readouterr().out
     with tarfile.open(to) as tar:
         names = tar.getnames()
     assert specs.RECORD_FILE in names and sorted(Path(n) for n in names if n.endswith("summary.json")) == summaries
@@ -104,8 +104,22 @@ def test_event_files_travel_only_where_the_experiments_outputs_read_them(tmp_pat
     record = json.loads((out / specs.RECORD_FILE).read_text())
     (out / specs.RECORD_FILE).write_text(json.dumps(record | {"experiment": "bsuite_umbrella_distract_power"}))
     to = tmp_path / "suite.tar.xz"
-    assert archive.write_archive(out, to) == 4
+    assert archive.write_archive(out, to) == ("bsuite_umbrella_distract_power", 4)
+    assert to.stat().st_mode & 0o044 == 0o044  # readable as any file written plainly (umask 022)
     with tarfile.open(to) as tar:
         names = tar.getnames()
     assert not any(Path(n).name.startswith(EVENT_FILE) for n in names)
     assert sum(n.endswith("summary.json") for n in names) == 4
+
+
+def test_every_experiment_in_progress_resumes_under_its_spec_as_it_stands():
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "in_progress"
+    listed = (folder / "README.md").read_text()
+    for path in sorted(folder.glob(f"*{archive.SUFFIX}")):
+        spec = specs.load_spec(path.name.removesuffix(archive.SUFFIX))
+        record = archive.archived_record(path)
+        assert (record["experiment"], record["spec_hash"], record["deviations"]) == (spec.name, spec.hash, {}), path.name
+        assert spec.results is None, f"{spec.name} is published: delete its archive"
+        with tarfile.open(path) as tar:
+            runs = sum(1 for name in tar.getnames() if name.endswith("summary.json"))
+        assert f"| {spec.name} | {runs} | {engine.runs_of(spec, len(spec.seeds))} |" in listed, path.name

@@ -47,14 +47,15 @@ def keeps_event_files(record: dict[str, Any]) -> bool:
         return True
 
 
-def write_archive(out: Path, to: Path) -> int:
-    """Pack `out`'s experiment record and finished runs into `to` (written atomically); the number of runs."""
+def write_archive(out: Path, to: Path) -> tuple[str, int]:
+    """Pack `out`'s experiment record and finished runs into `to` (written atomically): (experiment, runs)."""
     record_path = out / specs.RECORD_FILE
     if not record_path.is_file():
         raise VcbmGymError(f"--out {str(out)!r} holds no {specs.RECORD_FILE}: expected the --out of an experiment run")
     if not to.name.endswith(SUFFIX):
         raise VcbmGymError(f"--to {str(to)!r}: expected a file name ending in {SUFFIX}")
-    events = keeps_event_files(cli.read_json_object(record_path, "experiment record"))
+    record = cli.read_json_object(record_path, "experiment record")
+    events = keeps_event_files(record)
     runs = finished_run_dirs(out)
     to.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=to.parent, prefix=f".{to.name}.", suffix=".tmp")
@@ -65,11 +66,14 @@ def write_archive(out: Path, to: Path) -> int:
                 files = (p for p in run_dir.rglob("*") if p.is_file() and (events or not p.name.startswith(EVENT_FILE)))
                 for path in sorted(files):
                     tar.add(path, arcname=str(path.relative_to(out)), recursive=False)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as a file written plainly: mkstemp's 0600 would hide it from a group
         os.replace(tmp, to)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return len(runs)
+    return str(record.get("experiment")), len(runs)
 
 
 def archived_record(path: Path) -> dict[str, Any]:

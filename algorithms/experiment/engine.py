@@ -322,8 +322,9 @@ def execute_script(spec: ExperimentSpec, argv: list[str], out: Path, record: dic
 
 def cmd_archive(args: argparse.Namespace) -> None:
     to = Path(args.to)
-    runs = archive.write_archive(Path(args.out), to)
-    print(f"{runs} finished run(s) of {args.out} in {to}; resume with: run NAME --out NEW_DIR --resume-from {to}")
+    name, runs = archive.write_archive(Path(args.out), to)
+    resume = f"python -m algorithms.experiment run {name} --out NEW_DIR --resume-from {to}"
+    print(f"{runs} finished run(s) of experiment {name} in {to}; resume with: {resume}")
 
 
 COMMANDS = {
