@@ -95,12 +95,17 @@ def test_bad_archive_arguments_are_one_line(tmp_path, capsys):
     assert "not an experiment archive" in err and len(err.splitlines()) == 1 and not (tmp_path / "o").exists()
 
 
-def test_event_files_travel_only_where_the_experiments_outputs_read_them(tmp_path):
-    assert archive.keeps_event_files({"experiment": "table2"})  # compare: its curve figure reads TensorBoard
-    assert not archive.keeps_event_files({"experiment": "bsuite_umbrella_distract_power"})  # bsuite's CSV logs
-    assert not archive.keeps_event_files({"experiment": "llm_power_workshop"})  # history.json
-    assert archive.keeps_event_files({"experiment": "a spec file of your own"})
+def test_event_files_and_weights_travel_only_where_the_experiments_outputs_read_them(tmp_path):
+    assert archive.keeps_whole_runs({"experiment": "table2"})  # compare: its curve figure reads TensorBoard
+    assert not archive.keeps_whole_runs({"experiment": "bsuite_umbrella_distract_power"})  # bsuite's CSV logs
+    assert not archive.keeps_whole_runs({"experiment": "llm_power_workshop"})  # history.json
+    assert archive.keeps_whole_runs({"experiment": "a spec file of your own"})
+    assert archive.carried(Path("env_log/bsuite_id_-_umbrella_distract-0.csv")) and archive.carried(Path("history.json"))
+    assert not archive.carried(Path("adapter/adapter_model.safetensors")) and not archive.carried(Path("model/config.json"))
     _, out = _finished_experiment(tmp_path)
+    weights = next(out.rglob("summary.json")).parent / "adapter"
+    weights.mkdir()
+    (weights / "adapter_model.safetensors").write_bytes(b"weights")
     record = json.loads((out / specs.RECORD_FILE).read_text())
     (out / specs.RECORD_FILE).write_text(json.dumps(record | {"experiment": "bsuite_umbrella_distract_power"}))
     to = tmp_path / "suite.tar.xz"
@@ -108,7 +113,7 @@ def test_event_files_travel_only_where_the_experiments_outputs_read_them(tmp_pat
     assert to.stat().st_mode & 0o044 == 0o044  # readable as any file written plainly (umask 022)
     with tarfile.open(to) as tar:
         names = tar.getnames()
-    assert not any(Path(n).name.startswith(EVENT_FILE) for n in names)
+    assert not any(Path(n).name.startswith(EVENT_FILE) or "adapter" in n for n in names)
     assert sum(n.endswith("summary.json") for n in names) == 4
 
 

@@ -2,8 +2,9 @@
 
 A registered experiment longer than one machine's lease keeps its progress in a file: the experiment record
 (OUT/experiment.json: the spec hash the runs were made under) and every finished run's log dir (a `summary.json`
-whose checksum holds), without its TensorBoard event files where the experiment's outputs read none (suites read
-bsuite's CSV logs, LLM studies their history.json; compare's curve figure reads TensorBoard). Resuming unpacks them into a new
+whose checksum holds), without its TensorBoard event files and model weights where the experiment's outputs read
+neither (suites read bsuite's CSV logs, LLM studies their history.json; compare's curve figure reads TensorBoard,
+so a compare experiment's runs travel whole). Resuming unpacks them into a new
 --out, where the engine reuses each run whose config hash still matches and reruns the rest, and refuses an
 archive made under another version of the spec (never pooled), before anything is written.
 """
@@ -39,7 +40,10 @@ def finished_run_dirs(out: Path) -> list[Path]:
     return found
 
 
-def keeps_event_files(record: dict[str, Any]) -> bool:
+WEIGHTS = frozenset({"checkpoints", "model", "adapter"})  # a run's saved models: its score never reads them
+
+
+def keeps_whole_runs(record: dict[str, Any]) -> bool:
     """Whether the experiment's outputs read its runs' TensorBoard logs; yes where its spec cannot be found."""
     try:
         return specs.load_spec(str(record.get("experiment"))).kind == "compare"
@@ -55,7 +59,7 @@ def write_archive(out: Path, to: Path) -> tuple[str, int]:
     if not to.name.endswith(SUFFIX):
         raise VcbmGymError(f"--to {str(to)!r}: expected a file name ending in {SUFFIX}")
     record = cli.read_json_object(record_path, "experiment record")
-    events = keeps_event_files(record)
+    whole = keeps_whole_runs(record)
     runs = finished_run_dirs(out)
     to.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=to.parent, prefix=f".{to.name}.", suffix=".tmp")
@@ -63,7 +67,7 @@ def write_archive(out: Path, to: Path) -> tuple[str, int]:
         with os.fdopen(fd, "wb") as handle, tarfile.open(fileobj=handle, mode="w:xz") as tar:
             tar.add(record_path, arcname=specs.RECORD_FILE)
             for run_dir in runs:
-                files = (p for p in run_dir.rglob("*") if p.is_file() and (events or not p.name.startswith(EVENT_FILE)))
+                files = (p for p in run_dir.rglob("*") if p.is_file() and (whole or carried(p.relative_to(run_dir))))
                 for path in sorted(files):
                     tar.add(path, arcname=str(path.relative_to(out)), recursive=False)
         umask = os.umask(0)
@@ -74,6 +78,11 @@ def write_archive(out: Path, to: Path) -> tuple[str, int]:
         Path(tmp).unlink(missing_ok=True)
         raise
     return str(record.get("experiment")), len(runs)
+
+
+def carried(path: Path) -> bool:
+    """Whether a file of a run (relative to its log dir) is one that scores and reuse read."""
+    return not path.name.startswith(EVENT_FILE) and path.parts[0] not in WEIGHTS
 
 
 def archived_record(path: Path) -> dict[str, Any]:
