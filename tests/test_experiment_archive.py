@@ -99,6 +99,7 @@ def test_event_files_and_weights_travel_only_where_the_experiments_outputs_read_
     assert archive.keeps_whole_runs({"experiment": "table2"})  # compare: its curve figure reads TensorBoard
     assert not archive.keeps_whole_runs({"experiment": "bsuite_umbrella_distract_power"})  # bsuite's CSV logs
     assert not archive.keeps_whole_runs({"experiment": "llm_power_workshop"})  # history.json
+    assert archive.keeps_whole_runs({"experiment": "episodic_mujoco_power"})  # a benchmark script's own reads
     assert archive.keeps_whole_runs({"experiment": "a spec file of your own"})
     assert archive.carried(Path("env_log/bsuite_id_-_umbrella_distract-0.csv")) and archive.carried(Path("history.json"))
     assert not archive.carried(Path("adapter/adapter_model.safetensors")) and not archive.carried(Path("model/config.json"))

@@ -4,7 +4,7 @@ A registered experiment longer than one machine's lease keeps its progress in a 
 (OUT/experiment.json: the spec hash the runs were made under) and every finished run's log dir (a `summary.json`
 whose checksum holds), without its TensorBoard event files and model weights where the experiment's outputs read
 neither (suites read bsuite's CSV logs, LLM studies their history.json; compare's curve figure reads TensorBoard,
-so a compare experiment's runs travel whole). Resuming unpacks them into a new
+and a benchmark script reads what it chooses, so their runs travel whole). Resuming unpacks them into a new
 --out, where the engine reuses each run whose config hash still matches and reruns the rest, and refuses an
 archive made under another version of the spec (never pooled), before anything is written.
 """
@@ -44,9 +44,10 @@ WEIGHTS = frozenset({"checkpoints", "model", "adapter"})  # a run's saved models
 
 
 def keeps_whole_runs(record: dict[str, Any]) -> bool:
-    """Whether the experiment's outputs read its runs' TensorBoard logs; yes where its spec cannot be found."""
+    """Whether the experiment's outputs may read anything its runs wrote: all but a suite's and an LLM study's, and
+    yes where its spec cannot be found (a benchmark script reads what it chooses)."""
     try:
-        return specs.load_spec(str(record.get("experiment"))).kind == "compare"
+        return specs.load_spec(str(record.get("experiment"))).kind not in ("suite", "llm")
     except VcbmGymError:
         return True
 
