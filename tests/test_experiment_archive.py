@@ -6,6 +6,7 @@ import json
 import tarfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 from algorithms.common.log_dir import EVENT_FILE
@@ -129,3 +130,25 @@ def test_every_experiment_in_progress_resumes_under_its_spec_as_it_stands():
         with tarfile.open(path) as tar:
             runs = sum(1 for name in tar.getnames() if name.endswith("summary.json"))
         assert f"| {spec.name} | {runs} | {engine.runs_of(spec, len(spec.seeds))} |" in listed, path.name
+
+
+def test_a_suites_runs_carried_without_event_files_are_reused_and_scored_the_same(tmp_path):
+    """A suite scores bsuite's CSV logs: its runs travel without TensorBoard files and still score the same."""
+    pytest.importorskip("bsuite", reason="bsuite is not installed: pip install -e '.[bsuite]'")
+    from algorithms.experiment import suite
+
+    sweep = ["--experiment", "umbrella_length", "--algos", "vcbm", "--settings", "0", "--episodes", "60"]
+    sweep += ["--seeds", "2", "--workers", "0", "--no-progress"]
+    out, second = tmp_path / "first_machine", tmp_path / "second_machine"
+    assert suite.main([*sweep, "--out", str(out)]) == 0
+    assert any(p.name.startswith(EVENT_FILE) for p in out.rglob("*"))
+    record = specs.run_record(specs.load_spec("bsuite_umbrella_length_power"), {})
+    (out / specs.RECORD_FILE).write_text(json.dumps(record))
+    to = tmp_path / "suite.tar.xz"
+    assert archive.write_archive(out, to) == ("bsuite_umbrella_length_power", 2)
+    archive.unpack_archive(to, second)
+    assert not any(p.name.startswith(EVENT_FILE) for p in second.rglob("*"))
+    assert suite.main([*sweep, "--out", str(second)]) == 0
+    assert json.loads((second / "run.json").read_text())["runs_reused"] == 2
+    first, resumed = (json.loads((d / "results.json").read_text())["experiments"] for d in (out, second))
+    assert resumed == first
