@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from algorithms.common.log_dir import EVENT_FILE
-from algorithms.experiment import archive, engine, specs
+from algorithms.experiment import archive, engine, specs, verdict
 
 RUN = ["--workers", "1", "--no-progress"]
 
@@ -129,7 +129,7 @@ def test_every_experiment_in_progress_resumes_under_its_spec_as_it_stands():
         assert spec.results is None, f"{spec.name} is published: delete its archive"
         with tarfile.open(path) as tar:
             runs = sum(1 for name in tar.getnames() if name.endswith("summary.json"))
-        assert f"| {spec.name} | {runs} | {engine.runs_of(spec, len(spec.seeds))} |" in listed, path.name
+        assert f"| {spec.name} | {runs} | {specs.runs_of(spec, len(spec.seeds))} |" in listed, path.name
 
 
 def test_a_suites_runs_carried_without_event_files_are_reused_and_scored_the_same(tmp_path):
@@ -152,3 +152,29 @@ def test_a_suites_runs_carried_without_event_files_are_reused_and_scored_the_sam
     assert json.loads((second / "run.json").read_text())["runs_reused"] == 2
     first, resumed = (json.loads((d / "results.json").read_text())["experiments"] for d in (out, second))
     assert resumed == first
+
+
+def test_an_archived_experiment_is_listed_as_in_progress_with_its_count(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("bsuite", reason="bsuite is not installed: pip install -e '.[bsuite]'")
+    from algorithms.common.log_dir import summary_checksum
+
+    spec = specs.load_spec("bsuite_discounting_chain_power")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / specs.RECORD_FILE).write_text(json.dumps(specs.run_record(spec, {})))
+    for seed in (400, 401, 402):
+        run_dir = out / "runs" / "ppo" / "discounting_chain-0" / f"seed{seed}"
+        run_dir.mkdir(parents=True)
+        summary = {"seed": seed}
+        (run_dir / "summary.json").write_text(json.dumps(summary | {"checksum": summary_checksum(summary)}))
+    broken = out / "runs" / "ppo" / "discounting_chain-0" / "seed403"
+    broken.mkdir()
+    (broken / "summary.json").write_text('{"seed": 403, "checksum": "edited"}')
+    monkeypatch.setattr(archive, "IN_PROGRESS", tmp_path / "in_progress")
+    assert verdict.status(spec) == "no results"
+    archive.write_archive(out, tmp_path / "in_progress" / "bsuite_discounting_chain_power.tar.xz")
+    assert archive.archived_runs(spec) == 3
+    assert verdict.status(spec) == "in progress"
+    assert "in progress: 3 of 1600 runs archived" in verdict.spec_markdown(spec, verdict.score(spec))
+    assert engine.main(["list"]) == 0
+    assert "in progress" in next(line for line in capsys.readouterr().out.splitlines() if line.startswith(spec.name))

@@ -25,6 +25,7 @@ from algorithms.common.log_dir import EVENT_FILE, summary_checksum
 from algorithms.experiment import distributed, specs
 
 SUFFIX = ".tar.xz"
+IN_PROGRESS = specs.REPO / "benchmarks" / "in_progress"  # the zoo's registered experiments still running
 
 
 def finished_run_dirs(out: Path) -> list[Path]:
@@ -108,3 +109,12 @@ def unpack_archive(path: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, mode="r:xz") as tar:
         distributed.extract_data(tar, out)
+
+
+def archived_runs(spec: specs.ExperimentSpec) -> int | None:
+    """How many finished runs of a registered experiment wait in IN_PROGRESS, or None where it has no archive."""
+    path = IN_PROGRESS / f"{spec.name}{SUFFIX}"
+    if spec.path.parent != specs.SPEC_DIR or not path.is_file():
+        return None
+    with tarfile.open(path, mode="r:xz") as tar:
+        return sum(1 for name in tar.getnames() if Path(name).name == "summary.json")

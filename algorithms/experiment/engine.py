@@ -105,30 +105,11 @@ def measured_seconds_per_run(spec: ExperimentSpec) -> float | None:
     return None
 
 
-def runs_of(spec: ExperimentSpec, seeds: int) -> int:
-    if spec.kind == "script":
-        return 1
-    if spec.kind == "llm":
-        return len(spec.run["settings"]) * len(spec.run["methods"]) * seeds
-    methods = len(spec.run.get("algos", spec.methods))
-    return methods * len(settings_of(spec)) * seeds
-
-
-def settings_of(spec: ExperimentSpec) -> list[Any]:
-    """The settings each method plays: a suite's protocol's (or its listed ones), else one."""
-    if spec.kind != "suite":
-        return [None]
-    from algorithms.experiment import suite
-
-    run = spec.run
-    return suite.protocol_settings(run["experiment"], run.get("protocol") or "bsuite", run.get("episodes"), run.get("settings"))
-
-
 def cmd_plan(args: argparse.Namespace) -> None:
     spec = specs.load_spec(args.name)
     n = args.seeds if args.seeds is not None else len(spec.seeds)
     cli.check_int(n, "--seeds", 1, MAX_SEEDS)
-    runs = runs_of(spec, n)
+    runs = specs.runs_of(spec, n)
     rate = measured_seconds_per_run(spec)
     print(f"{spec.name}: {spec.title}")
     methods = spec.run.get("algos", list(spec.run.get("methods", spec.methods)))

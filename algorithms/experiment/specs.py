@@ -245,6 +245,26 @@ def spec_at_commit(spec: ExperimentSpec, commit: str) -> ExperimentSpec | None:
         return None
 
 
+def runs_of(spec: ExperimentSpec, seeds: int) -> int:
+    """The runs the experiment makes at `seeds` per method (a benchmark script is one)."""
+    if spec.kind == "script":
+        return 1
+    if spec.kind == "llm":
+        return len(spec.run["settings"]) * len(spec.run["methods"]) * seeds
+    methods = len(spec.run.get("algos", spec.methods))
+    return methods * len(suite_settings(spec)) * seeds
+
+
+def suite_settings(spec: ExperimentSpec) -> list[Any]:
+    """The settings each method plays: a suite's protocol's (or its listed ones), else one."""
+    if spec.kind != "suite":
+        return [None]
+    from algorithms.experiment import suite
+
+    run = spec.run
+    return suite.protocol_settings(run["experiment"], run.get("protocol") or "bsuite", run.get("episodes"), run.get("settings"))
+
+
 def run_record(spec: ExperimentSpec, deviations: dict[str, Any]) -> dict[str, Any]:
     """OUT/experiment.json: the spec a run was made under (its hash and commit) and how the command deviated from it."""
     return {"experiment": spec.name, "spec_hash": spec.hash, "spec_commit": spec_commit(spec), "deviations": deviations}

@@ -26,7 +26,7 @@ from typing import Any
 from scipy import stats
 
 from algorithms.common.errors import VcbmGymError
-from algorithms.experiment import measures, specs
+from algorithms.experiment import archive, measures, specs
 from algorithms.experiment.stats import describe, improvement_estimate, mann_whitney
 
 VERDICTS = ("reproduced", "partly", "not reproduced", "reversed", "untested")
@@ -134,7 +134,9 @@ def found_results(spec: specs.ExperimentSpec, path: Path | None = None) -> Path 
 def status(spec: specs.ExperimentSpec) -> str:
     """The committed results' registration status (specs.registration), without scoring them."""
     where = found_results(spec)
-    return "no results" if where is None else specs.registration(spec, where)["status"]
+    if where is None:
+        return "no results" if archive.archived_runs(spec) is None else "in progress"
+    return specs.registration(spec, where)["status"]
 
 
 def score(spec: specs.ExperimentSpec, path: Path | None = None) -> dict[str, Any]:
@@ -297,6 +299,9 @@ def spec_markdown(spec: specs.ExperimentSpec, scored: dict[str, Any]) -> str:
         "predates-spec": "no: these results predate the spec, which was written from the command that made them",
         "no results": "no results yet",
     }[status]
+    archived = archive.archived_runs(spec) if status == "no results" else None
+    if archived is not None:
+        registration += f" (in progress: {archived} of {specs.runs_of(spec, len(spec.seeds))} runs archived)"
     rows = [
         ("spec", f"`zoo_configs/experiments/{spec.path.name}` (hash `{spec.hash[:12]}`)"),
         ("kind", spec.kind),
