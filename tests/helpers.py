@@ -1,6 +1,6 @@
 """Helpers shared by the tests: commands started in a session of their own and the process tree read from /proc,
-one-line errors, strict JSON, tiny-LLM command lines, an env whose first action decides the return and an EpisodeBatch
-with every step trained."""
+one-line errors, strict JSON, tiny-LLM command lines, an env whose first action decides the return, an EpisodeBatch
+with every step trained and a tiny experiment spec."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 GONE_WITHIN_S = 10.0
@@ -177,3 +178,19 @@ def make_batch(rewards, mask=None, **fields):
 
     rewards = np.asarray(rewards, dtype=float)
     return EpisodeBatch(rewards, np.ones(rewards.shape, bool) if mask is None else mask, **fields)
+
+
+def write_tiny_spec(path: Path, **changes) -> Path:
+    """An experiment spec of its own (VCBM against Monte Carlo on WatchRepair-v0, 2 seeds of 40 episodes), with
+    `changes` replacing its fields: seconds to run."""
+    data = {
+        "title": "VCBM against Monte Carlo, a tiny check",
+        "kind": "compare",
+        "run": {"env": "WatchRepair-v0", "algos": ["vcbm", "mc"], "max_episodes": 40},
+        "seeds": {"start": 0, "n": 2},
+        "budget": {"ours": "40 episodes", "paper": "until convergence"},
+        "measure": {"name": "episodes_to_converge"},
+        "comparisons": [{"claim": "vcbm-table2", "treatment": "vcbm", "control": "mc"}],
+    } | changes
+    path.write_text(yaml.safe_dump(data))
+    return path

@@ -7,30 +7,16 @@ import tarfile
 from pathlib import Path
 
 import pytest
-import yaml
 
 from algorithms.common.log_dir import EVENT_FILE
 from algorithms.experiment import archive, engine, specs, verdict
+from tests.helpers import write_tiny_spec
 
 RUN = ["--workers", "1", "--no-progress"]
 
 
-def _write_spec(path: Path, **changes) -> Path:
-    data = {
-        "title": "VCBM against Monte Carlo, a tiny check",
-        "kind": "compare",
-        "run": {"env": "WatchRepair-v0", "algos": ["vcbm", "mc"], "max_episodes": 40},
-        "seeds": {"start": 0, "n": 2},
-        "budget": {"ours": "40 episodes", "paper": "until convergence"},
-        "measure": {"name": "episodes_to_converge"},
-        "comparisons": [{"claim": "vcbm-table2", "treatment": "vcbm", "control": "mc"}],
-    } | changes
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 def _finished_experiment(tmp_path: Path) -> tuple[Path, Path]:
-    spec_file = _write_spec(tmp_path / "mine.yml")
+    spec_file = write_tiny_spec(tmp_path / "mine.yml")
     out = tmp_path / "first_machine"
     assert engine.main(["run", str(spec_file), "--out", str(out), *RUN]) == 0
     return spec_file, out
@@ -64,7 +50,7 @@ def test_an_archive_of_another_spec_version_is_refused_before_anything_is_writte
     spec_file, out = _finished_experiment(tmp_path)
     to = tmp_path / "mine.tar.xz"
     assert engine.main(["archive", "--out", str(out), "--to", str(to)]) == 0
-    _write_spec(spec_file, seeds={"start": 0, "n": 3})
+    write_tiny_spec(spec_file, seeds={"start": 0, "n": 3})
     capsys.readouterr()
     second = tmp_path / "second_machine"
     assert engine.main(["run", str(spec_file), "--out", str(second), "--resume-from", str(to), *RUN]) == 2
@@ -90,7 +76,7 @@ def test_bad_archive_arguments_are_one_line(tmp_path, capsys):
     assert "expected a file name ending in .tar.xz" in capsys.readouterr().err
     not_archive = tmp_path / "b.tar.xz"
     not_archive.write_text("plain text")
-    spec_file = _write_spec(tmp_path / "mine.yml")
+    spec_file = write_tiny_spec(tmp_path / "mine.yml")
     assert engine.main(["run", str(spec_file), "--out", str(tmp_path / "o"), "--resume-from", str(not_archive), *RUN]) == 2
     err = capsys.readouterr().err.strip()
     assert "not an experiment archive" in err and len(err.splitlines()) == 1 and not (tmp_path / "o").exists()

@@ -7,12 +7,12 @@ import math
 from pathlib import Path
 
 import pytest
-import yaml
 
 from algorithms.common.errors import VcbmGymError
 from algorithms.experiment import engine, specs, verdict
 from algorithms.experiment.measures import MEASURES
 from algorithms.llm.training.loss import OBJECTIVES
+from tests.helpers import write_tiny_spec
 from vcbm_gym.credit.empo import RATIO_SHARING_MODES
 from vcbm_gym.credit.registry import RULES
 
@@ -122,28 +122,14 @@ def test_the_committed_table_ii_is_scored_from_its_per_seed_episodes():
     assert scored["status"] == "predates-spec"
 
 
-def _write_spec(path: Path, **changes) -> Path:
-    data = {
-        "title": "VCBM against Monte Carlo, a tiny check",
-        "kind": "compare",
-        "run": {"env": "WatchRepair-v0", "algos": ["vcbm", "mc"], "max_episodes": 40},
-        "seeds": {"start": 0, "n": 2},
-        "budget": {"ours": "40 episodes", "paper": "until convergence"},
-        "measure": {"name": "episodes_to_converge"},
-        "comparisons": [{"claim": "vcbm-table2", "treatment": "vcbm", "control": "mc"}],
-    } | changes
-    path.write_text(yaml.safe_dump(data))
-    return path
-
-
 def test_a_spec_changed_after_its_first_run_is_never_pooled(tmp_path, capsys):
-    spec_file = _write_spec(tmp_path / "mine.yml")
+    spec_file = write_tiny_spec(tmp_path / "mine.yml")
     out = tmp_path / "out"
     assert engine.main(["run", str(spec_file), "--out", str(out), "--workers", "1", "--no-progress"]) == 0
     record = json.loads((out / specs.RECORD_FILE).read_text())
     assert record["spec_hash"] == specs.load_spec(str(spec_file)).hash and record["deviations"] == {}
     assert verdict.score(specs.load_spec(str(spec_file)), out)["status"] == "unregistered"  # outside the repository
-    _write_spec(spec_file, budget={"ours": "40 episodes, edited after the run", "paper": "until convergence"})
+    write_tiny_spec(spec_file, budget={"ours": "40 episodes, edited after the run", "paper": "until convergence"})
     capsys.readouterr()
     assert engine.main(["run", str(spec_file), "--out", str(out), "--workers", "1", "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
@@ -182,7 +168,7 @@ def test_run_table2_gives_the_per_seed_episodes_of_compare(tmp_path):
     ],
 )
 def test_a_bad_spec_is_one_line_naming_the_field(tmp_path, change, fragment):
-    path = _write_spec(tmp_path / "bad.yml", **change)
+    path = write_tiny_spec(tmp_path / "bad.yml", **change)
     with pytest.raises(VcbmGymError, match="experiment spec") as info:
         specs.load_spec(str(path))
     assert fragment in str(info.value) and "\n" not in str(info.value)
@@ -223,25 +209,25 @@ def test_the_readme_shows_the_generated_headline_verdicts(capsys):
 
 
 def test_a_run_refused_by_its_command_leaves_nothing(tmp_path, capsys):
-    spec_file = _write_spec(tmp_path / "bad_algo.yml", run={"env": "WatchRepair-v0", "algos": ["vcbm", "nope"]})
+    spec_file = write_tiny_spec(tmp_path / "bad_algo.yml", run={"env": "WatchRepair-v0", "algos": ["vcbm", "nope"]})
     out = tmp_path / "out"
     assert engine.main(["run", str(spec_file), "--out", str(out), "--no-progress"]) == 2
     assert "unknown algo 'nope'" in capsys.readouterr().err and not out.exists()
 
 
 def test_the_spec_hash_covers_what_the_experiment_is_and_not_where_it_is_published(tmp_path):
-    base = specs.load_spec(str(_write_spec(tmp_path / "a.yml"))).hash
-    assert specs.load_spec(str(_write_spec(tmp_path / "a.yml", notes="said later", title="renamed"))).hash == base
-    assert specs.load_spec(str(_write_spec(tmp_path / "a.yml", results="benchmarks/results/elsewhere"))).hash == base
-    assert specs.load_spec(str(_write_spec(tmp_path / "a.yml", seeds={"start": 0, "n": 3}))).hash != base
+    base = specs.load_spec(str(write_tiny_spec(tmp_path / "a.yml"))).hash
+    assert specs.load_spec(str(write_tiny_spec(tmp_path / "a.yml", notes="said later", title="renamed"))).hash == base
+    assert specs.load_spec(str(write_tiny_spec(tmp_path / "a.yml", results="benchmarks/results/elsewhere"))).hash == base
+    assert specs.load_spec(str(write_tiny_spec(tmp_path / "a.yml", seeds={"start": 0, "n": 3}))).hash != base
     extra = [{"claim": "vcbm-table2", "treatment": "mc", "control": "vcbm"}]
-    assert specs.load_spec(str(_write_spec(tmp_path / "a.yml", comparisons=extra))).hash != base
+    assert specs.load_spec(str(write_tiny_spec(tmp_path / "a.yml", comparisons=extra))).hash != base
 
 
 def test_your_own_spec_runs_and_reports_its_verdict_rows_beside_the_zoos(tmp_path, capsys):
     own = {"mine-vcbm-vs-mc": {"paper": "My note", "claim": "VCBM needs fewer episodes than Monte Carlo", "names": ["vcbm"]}}
     comparisons = [{"claim": "mine-vcbm-vs-mc", "treatment": "vcbm", "control": "mc"}]
-    spec_file = _write_spec(tmp_path / "mine.yml", claims=own, comparisons=comparisons, results="out")
+    spec_file = write_tiny_spec(tmp_path / "mine.yml", claims=own, comparisons=comparisons, results="out")
     assert engine.main(["run", str(spec_file), "--out", str(tmp_path / "out"), "--workers", "1", "--no-progress"]) == 0
     capsys.readouterr()
     assert engine.main(["verdicts", "--spec", str(spec_file)]) == 0
@@ -249,7 +235,7 @@ def test_your_own_spec_runs_and_reports_its_verdict_rows_beside_the_zoos(tmp_pat
     row = next(line for line in table.splitlines() if "VCBM needs fewer episodes than Monte Carlo" in line)
     assert "[mine](#mine): vcbm vs mc" in row and "P = " in row and "2 vs 2" in row
     assert "Table II" in table  # beside the zoo's own rows
-    clash = _write_spec(tmp_path / "clash.yml", claims={"vcbm-table2": own["mine-vcbm-vs-mc"]})
+    clash = write_tiny_spec(tmp_path / "clash.yml", claims={"vcbm-table2": own["mine-vcbm-vs-mc"]})
     assert engine.main(["verdicts", "--spec", str(clash)]) == 2
     assert "already a claim of the zoo" in capsys.readouterr().err
 
@@ -295,6 +281,6 @@ def test_a_descriptive_spec_says_it_compares_nothing_and_a_spec_without_results_
     descriptive = specs.load_spec("bsuite_umbrella_length_vcbm_full")
     text = verdict.spec_markdown(descriptive, verdict.score(descriptive))
     assert "No comparison: the spec describes its methods." in text and "No results yet." not in text
-    unrun = specs.load_spec(str(_write_spec(tmp_path / "unrun.yml")))
+    unrun = specs.load_spec(str(write_tiny_spec(tmp_path / "unrun.yml")))
     text = verdict.spec_markdown(unrun, verdict.score(unrun))
     assert "No results yet." in text and "No comparison" not in text
