@@ -26,6 +26,7 @@ from algorithms.experiment import distributed, specs
 
 SUFFIX = ".tar.xz"
 IN_PROGRESS = specs.REPO / "benchmarks" / "in_progress"  # the zoo's registered experiments still running
+WEIGHTS = frozenset({"checkpoints", "model", "adapter"})  # a run's saved models: its score never reads them
 
 
 def finished_run_dirs(out: Path) -> list[Path]:
@@ -41,9 +42,6 @@ def finished_run_dirs(out: Path) -> list[Path]:
     return found
 
 
-WEIGHTS = frozenset({"checkpoints", "model", "adapter"})  # a run's saved models: its score never reads them
-
-
 def keeps_whole_runs(record: dict[str, Any]) -> bool:
     """Whether the experiment's outputs may read anything its runs wrote: all but a suite's and an LLM study's, and
     yes where its spec cannot be found (a benchmark script reads what it chooses)."""
@@ -51,6 +49,11 @@ def keeps_whole_runs(record: dict[str, Any]) -> bool:
         return specs.load_spec(str(record.get("experiment"))).kind not in ("suite", "llm")
     except VcbmGymError:
         return True
+
+
+def carried(path: Path) -> bool:
+    """Whether a file of a run (relative to its log dir) is one that scores and reuse read."""
+    return not path.name.startswith(EVENT_FILE) and path.parts[0] not in WEIGHTS
 
 
 def write_archive(out: Path, to: Path) -> tuple[str, int]:
@@ -80,11 +83,6 @@ def write_archive(out: Path, to: Path) -> tuple[str, int]:
         Path(tmp).unlink(missing_ok=True)
         raise
     return str(record.get("experiment")), len(runs)
-
-
-def carried(path: Path) -> bool:
-    """Whether a file of a run (relative to its log dir) is one that scores and reuse read."""
-    return not path.name.startswith(EVENT_FILE) and path.parts[0] not in WEIGHTS
 
 
 def archived_record(path: Path) -> dict[str, Any]:

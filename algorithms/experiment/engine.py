@@ -1,5 +1,5 @@
-"""`python -m algorithms.experiment list | plan NAME | run NAME --out DIR | archive | report NAME | verdicts`: one engine for
-every registered experiment (zoo_configs/experiments/<NAME>.yml; `--spec path.yml` for one of your own).
+"""`python -m algorithms.experiment list | plan | run | archive | report | verdicts`: one engine for every registered
+experiment (zoo_configs/experiments/<NAME>.yml; `--spec path.yml` for one of your own).
 
 - `list`: every experiment, its kind, its claims and the state of its committed results.
 - `plan NAME [--seeds N]`: the runs it makes, their cost from the rate its committed run measured, and the smallest
