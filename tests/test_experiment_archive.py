@@ -151,7 +151,7 @@ def test_an_archived_experiment_is_listed_as_in_progress_with_its_count(tmp_path
     for seed in (400, 401, 402):
         run_dir = out / "runs" / "ppo" / "discounting_chain-0" / f"seed{seed}"
         run_dir.mkdir(parents=True)
-        summary = {"seed": seed}
+        summary = {"seed": seed, "wall_time_s": 30.0 + seed - 400}  # 30, 31 and 32 s
         (run_dir / "summary.json").write_text(json.dumps(summary | {"checksum": summary_checksum(summary)}))
     broken = out / "runs" / "ppo" / "discounting_chain-0" / "seed403"
     broken.mkdir()
@@ -164,3 +164,8 @@ def test_an_archived_experiment_is_listed_as_in_progress_with_its_count(tmp_path
     assert "in progress: 3 of 1600 runs archived" in verdict.spec_markdown(spec, verdict.score(spec))
     assert engine.main(["list"]) == 0
     assert "in progress" in next(line for line in capsys.readouterr().out.splitlines() if line.startswith(spec.name))
+    assert engine.main(["plan", spec.name]) == 0
+    left = (1600 - 3) * 31.0 / 3600  # the runs not archived at the archived runs' mean
+    assert f"in progress: 3 of 1600 runs archived in benchmarks/in_progress; about {left:.2f} core-hours left" in (
+        capsys.readouterr().out
+    )

@@ -109,10 +109,18 @@ def unpack_archive(path: Path, out: Path) -> None:
         distributed.extract_data(tar, out)
 
 
-def archived_runs(spec: specs.ExperimentSpec) -> int | None:
-    """How many finished runs of a registered experiment wait in IN_PROGRESS, or None where it has no archive."""
+def archived_summaries(spec: specs.ExperimentSpec) -> list[dict[str, Any]] | None:
+    """The summaries of a registered experiment's finished runs waiting in IN_PROGRESS, or None where it has no
+    archive."""
     path = IN_PROGRESS / f"{spec.name}{SUFFIX}"
     if spec.path.parent != specs.SPEC_DIR or not path.is_file():
         return None
     with tarfile.open(path, mode="r:xz") as tar:
-        return sum(1 for name in tar.getnames() if Path(name).name == "summary.json")
+        members = [m for m in tar.getmembers() if m.isfile() and Path(m.name).name == "summary.json"]
+        return [json.load(tar.extractfile(m)) for m in members]
+
+
+def archived_runs(spec: specs.ExperimentSpec) -> int | None:
+    """How many finished runs of a registered experiment wait in IN_PROGRESS, or None where it has no archive."""
+    summaries = archived_summaries(spec)
+    return None if summaries is None else len(summaries)

@@ -121,6 +121,12 @@ def cmd_plan(args: argparse.Namespace) -> None:
         scale = n / len(spec.seeds) if spec.kind == "script" else 1.0
         total = runs * rate * scale
         print(f"  {runs} {what}; cost about {total / 3600:.2f} core-hours ({rate:.1f} s per run as measured)")
+    archived = archive.archived_summaries(spec)
+    if archived is not None and spec.kind != "script":
+        times = [float(s["wall_time_s"]) for s in archived if "wall_time_s" in s]
+        left = f"; about {(runs - len(archived)) * sum(times) / len(times) / 3600:.2f} core-hours left" if times else ""
+        mean = f" at {sum(times) / len(times):.1f} s per finished run" if times else ""
+        print(f"  in progress: {len(archived)} of {runs} runs archived in benchmarks/in_progress{left}{mean}")
     print(f"  budget: ours {spec.budget['ours']}; paper {spec.budget['paper']}")
     half = verdict.detectable_effect(n, n)
     print(f"  detectable effect at {n} vs {n} seeds: P(improvement) outside 0.5 +- {half:.2f} (95%)")
