@@ -237,8 +237,9 @@ def train_one(job: Job) -> None:
 
 
 def final_rate(history: list[dict]) -> str:
-    """A run's progress line: its last iteration's rate of optimal decisions."""
-    return f"final optimal rate {history[-1].get('task_goal_completion', float('nan')):.2f}"
+    """A run's progress line: its last iteration's success rate (one iteration's episodes; the measure's final rate
+    is the mean over the study's window)."""
+    return f"last iteration's success rate {history[-1].get('task_goal_completion', float('nan')):.2f}"
 
 
 def run_reusing(jobs: list[Job], workers: int, start: float, describe: Callable[[list[dict]], str]) -> tuple[dict, int]:
