@@ -34,7 +34,14 @@ ENV = "TextWatchRepair-v0"
 def _loop_self(objective: str, epsilon: float, epsilon_high: float | None = None, rule=None) -> SimpleNamespace:
     """What LoopTrainer's loss and advantage methods read, on one process with one micro-batch per generation batch."""
     ns = SimpleNamespace(
-        args=SimpleNamespace(objective=objective, ratio_sharing="none", length_norm=True, steps_per_generation=1, kl_abort=20.0),
+        args=SimpleNamespace(
+            objective=objective,
+            ratio_sharing="none",
+            length_norm=True,
+            steps_per_generation=1,
+            kl_abort=20.0,
+            use_bias_correction_kl=True,
+        ),
         epsilon_low=epsilon,
         epsilon_high=epsilon if epsilon_high is None else epsilon_high,
         use_vllm=False,
@@ -44,8 +51,9 @@ def _loop_self(objective: str, epsilon: float, epsilon_high: float | None = None
         _iter_stats=defaultdict(float),
         _aborted=False,
         _pending_observe=None,
+        beta=0.0,
     )
-    for name in ("_policy_loss", "_record_drift", "token_advantages"):
+    for name in ("_policy_loss", "_record_drift", "_record_reference_kl", "token_advantages"):
         setattr(ns, name, partial(getattr(LoopTrainer, name), ns))
     return ns
 

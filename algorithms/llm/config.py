@@ -4,7 +4,8 @@ Sec. II-C and IV-B).
 
 Names that could be confused:
 
-- `beta` is TRL's KL-penalty coefficient; LOOP has no KL penalty, so it stays 0. The blend weight
+- `beta` is TRL's KL-penalty coefficient: GRPO's penalty toward the reference policy (the model the run
+  starts from). LOOP has none, so it defaults to 0; beta > 0 adds it (beyond the paper). The blend weight
   of Eq. 14 is vcbm_blend's own `beta`, under `credit_kwargs: {vcbm_blend: {beta: ...}}`.
 - `credit` is a credit rule's name (vcbm_gym.credit.registry.RULES), as SB3's `--credit`; its
   constructor arguments go under `credit_kwargs`, keyed by rule name, so that one config serves
@@ -33,6 +34,7 @@ Names that could be confused:
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -265,10 +267,10 @@ class LoopConfig(MultiTurnGRPOConfig):
                 f"objective='gspo' with ratio_sharing={self.ratio_sharing!r}: GSPO's sequence ratio replaces the "
                 "per-token ratio that EMPO shares; expected ratio_sharing: none"
             )
-        if self.beta != 0.0:
+        if not (math.isfinite(self.beta) and self.beta >= 0.0):
             raise ValueError(
-                f"beta={self.beta}: LOOP has no KL penalty; the Eq. 14 blend weight is "
-                "credit_kwargs: {vcbm_blend: {beta: ...}}"
+                f"beta={self.beta}: expected beta >= 0, the weight of the KL penalty toward the starting model (0: "
+                "LOOP's none); the Eq. 14 blend weight is credit_kwargs: {vcbm_blend: {beta: ...}}"
             )
         if self.kl_abort <= 0:
             raise ValueError(f"kl_abort={self.kl_abort}: expected kl_abort > 0")

@@ -100,6 +100,11 @@ def resolve(algo: str, env_id: str, seed: int, mapping: Mapping[str, Any]) -> Ru
     mapping = settled_mapping(algo, mapping)
     run_cfg, trainer_cfg = build_configs(algo, seed, mapping)  # LoopConfig checks its rule's class
     config = LLMConfig(run_cfg, trainer_cfg)
+    if getattr(trainer_cfg, "beta", 0.0) and run_cfg.model == "tiny-random" and run_cfg.full_finetune:
+        raise ConfigError(
+            f"beta={trainer_cfg.beta}: the KL penalty's reference is loaded from the policy's folder, and tiny-random "
+            "is built in memory; expected --model tiny, a saved model's folder, LoRA (finetune=lora) or beta 0"
+        )
     if config.slot is not None:  # built dry, as every arm does: a bad argument is one line before anything is written
         try:
             config.slot.build(config.credit_fit)

@@ -11,8 +11,9 @@
    K rollouts may sit on different ranks. A stateful rule (vcbm_blend's episodic memory) observes the
    batch at the end of its iteration, and only if the iteration is kept. A branch-based rule (VinePPO,
    RICE-PO) first gets the continuations it asks for (branches.py).
-2. `_compute_loss` is the per-token PPO-clip of Eq. 7-8 (eps 0.1, no critic, no KL penalty),
-   averaged over the generated tokens of the generation batch, optionally with EMPO's shared
+2. `_compute_loss` is the per-token PPO-clip of Eq. 7-8 (eps 0.1, no critic, no KL penalty unless `beta` > 0
+   adds GRPO's toward the starting model), averaged over the generated tokens of the generation batch, optionally
+   with EMPO's shared
    ratios (docs/papers/empo.md); `objective` (`_policy_loss`) replaces it by GSPO's sequence ratio, or
    normalises the rule's advantages over the whole batch first for REINFORCE++ (`token_advantages`;
    docs/papers/base_objectives.md). It estimates the KL to the rollout policy; above `kl_abort` nats the whole
@@ -46,6 +47,7 @@ from algorithms.llm.training.loss import (
     global_normalized_advantages,
     gspo_token_ratios,
     kl_old_new,
+    kl_to_reference,
     ppo_clip_token_loss,
     sequence_mean_loss,
     token_ratios,
@@ -154,11 +156,24 @@ class LoopTrainer(BranchContinuations, MultiTurnGRPOTrainer):
         per_token = ppo_clip_token_loss(ratio, inputs["advantages"], self.epsilon_low, self.epsilon_high)  # Eq. 8
         if self.use_vllm and self.vllm_importance_sampling_correction:
             per_token = per_token * inputs["importance_sampling_ratio"]
+        if self.beta != 0.0:  # GRPO's penalty toward the starting model, added after the correction as TRL does
+            kl = kl_to_reference(inputs["ref_per_token_logps"], logps)
+            self._record_reference_kl(kl.detach(), mask)
+            if self.args.use_bias_correction_kl:  # TRL's default: the unbiased reverse-KL gradient (DeepSeek-V3.2)
+                kl = kl * ratio
+            per_token = per_token + self.beta * kl
         if self.args.objective == "gspo":  # every micro-batch holds per_device_train_batch_size of the sequences
             return sequence_mean_loss(per_token, mask) / self.current_gradient_accumulation_steps
         normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
         normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
         return (per_token * mask).sum() / normalizer
+
+    @torch.no_grad()
+    def _record_reference_kl(self, kl: torch.Tensor, mask: torch.Tensor) -> None:
+        """The micro-batch's mean KL penalty per generated token; the iteration keeps the largest (over processes)."""
+        mean = (kl * mask).sum() / mask.sum().clamp(min=1.0)
+        mean = self.accelerator.gather(mean.reshape(1)).max().item()
+        self._iter_stats["kl_to_reference"] = max(self._iter_stats["kl_to_reference"], mean)
 
     @torch.no_grad()
     def _record_drift(self, old: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor) -> float:
@@ -211,6 +226,8 @@ class LoopTrainer(BranchContinuations, MultiTurnGRPOTrainer):
             "aborted_iterations": float(self.aborted_iterations),
             "credit_time_s": s["credit_time_s"],
         }
+        if self.beta != 0.0:
+            metrics["kl_to_reference"] = s["kl_to_reference"]
         metrics.update({k: float(v) for k, v in rule_numbers(self.credit_rule).items() if k not in metrics})
         return self._max_over_processes(metrics, ("max_importance_weight", "max_logprob_diff", "max_sampling_logprob_diff"))
 

@@ -11,6 +11,10 @@ generation batch. `objective` (LoopConfig) picks the base objective around the c
 - `reinforce_pp`: the advantages normalised over the whole generation batch (`global_normalized_advantages`),
   then the PPO-clip above.
 
+KL penalty (`kl_to_reference`, with `beta` > 0 only; LOOP has none): GRPO's per-token estimate of
+KL(pi_theta || pi_ref) toward the model the run started from, added to each token's loss times `beta`, and times the
+token's importance ratio where `use_bias_correction_kl` (TRL's default) makes its gradient the unbiased one.
+
 KL estimate (`kl_old_new`): KL(pi_old || pi_theta) per rollout, the sum over its generated tokens
 of the k3 estimator r - 1 - log r with r = pi_theta / pi_old = exp(-d), d = logp_old - logp_new.
 The tokens were sampled from pi_old, under which this estimator is unbiased for KL(pi_old || pi_theta)
@@ -37,6 +41,17 @@ def kl_old_new(logp_old: torch.Tensor, logp_new: torch.Tensor, mask: torch.Tenso
     """
     log_r = (logp_new - logp_old) * mask
     return ((torch.exp(log_r) - 1.0 - log_r) * mask).sum(-1)
+
+
+def kl_to_reference(ref_logps: torch.Tensor, logps: torch.Tensor) -> torch.Tensor:
+    """GRPO's per-token KL penalty (Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300, Eq. 4):
+    pi_ref / pi_theta - log(pi_ref / pi_theta) - 1, never negative and 0 where the two agree (TRL's `beta` term).
+
+    Its gradient in log pi_theta is 1 - pi_ref / pi_theta: positive where the policy gives the token more
+    probability than the reference, so minimising it pulls the policy back toward the reference.
+    """
+    delta = ref_logps - logps
+    return torch.exp(delta) - delta - 1.0
 
 
 def token_ratios(logps, old, mask, ratio_sharing: str, turn_ids, cell_ids, length_norm: bool) -> torch.Tensor:
