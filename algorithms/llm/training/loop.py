@@ -13,8 +13,7 @@
    RICE-PO) first gets the continuations it asks for (branches.py).
 2. `_compute_loss` is the per-token PPO-clip of Eq. 7-8 (eps 0.1, no critic, no KL penalty unless `beta` > 0
    adds GRPO's toward the starting model), averaged over the generated tokens of the generation batch, optionally
-   with EMPO's shared
-   ratios (docs/papers/empo.md); `objective` (`_policy_loss`) replaces it by GSPO's sequence ratio, or
+   with EMPO's shared ratios (docs/papers/empo.md); `objective` (`_policy_loss`) replaces it by GSPO's sequence ratio, or
    normalises the rule's advantages over the whole batch first for REINFORCE++ (`token_advantages`;
    docs/papers/base_objectives.md). It estimates the KL to the rollout policy; above `kl_abort` nats the whole
    iteration is discarded: its remaining micro-batches contribute nothing and, at its end, the
