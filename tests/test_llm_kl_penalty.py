@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
@@ -21,7 +20,7 @@ from algorithms.llm.training.loop import LoopTrainer  # noqa: E402
 from algorithms.llm.training.loss import kl_to_reference  # noqa: E402
 from algorithms.train import resolve_argv, run  # noqa: E402
 from tests.helpers import tiny_llm_argv  # noqa: E402
-from tests.test_llm_objectives import _inputs, _loop_self  # noqa: E402
+from tests.test_llm_objectives import _inputs, _loop_self, _trl_self  # noqa: E402
 
 
 def test_the_estimator_by_hand_and_the_sign_of_its_gradient():
@@ -60,26 +59,8 @@ def _trl_loss(logps, old, ref, mask, advantages, beta: float, bias_correction: b
         use_cpu=True,
         report_to="none",
     )
-    trl_self = SimpleNamespace(
-        args=config,
-        _get_per_token_logps_and_entropies=lambda *a, **k: (logps, torch.zeros_like(logps), None),
-        aux_loss_enabled=False,
-        top_entropy_quantile=config.top_entropy_quantile,
-        off_policy_mask_threshold=config.off_policy_mask_threshold,
-        importance_sampling_level=config.importance_sampling_level,
-        beta=config.beta,
-        loss_type=config.loss_type,
-        epsilon_low=config.epsilon,
-        epsilon_high=config.epsilon_high,
-        use_vllm=False,
-        model=SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=1,
-        _entropy_bonus_enabled=False,
-        _metrics=defaultdict(lambda: defaultdict(list)),
-        accelerator=SimpleNamespace(reduce=lambda x, reduction: x, gather=lambda x: x, num_processes=1),
-    )
     inputs = _inputs(advantages[:, 0], mask, old) | {"advantages": advantages, "ref_per_token_logps": ref}
-    return GRPOTrainer._compute_loss(trl_self, None, inputs)
+    return GRPOTrainer._compute_loss(_trl_self(config, logps), None, inputs)
 
 
 def _loop_loss(logps, old, ref, mask, advantages, beta: float, bias_correction: bool) -> tuple[torch.Tensor, SimpleNamespace]:

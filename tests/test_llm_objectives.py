@@ -93,19 +93,9 @@ def _gspo_case():
     return logps * mask, old, mask, advantages
 
 
-def _trl_gspo_loss(logps: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
-    """TRL's GRPOTrainer._compute_loss with TRL's documented GSPO configuration (docs: paper_index, GSPO)."""
-    config = GRPOConfig(
-        output_dir="unused",
-        importance_sampling_level="sequence",
-        loss_type="grpo",
-        beta=0.0,
-        epsilon=3e-4,
-        epsilon_high=4e-4,
-        use_cpu=True,
-        report_to="none",
-    )
-    trl_self = SimpleNamespace(
+def _trl_self(config: GRPOConfig, logps: torch.Tensor) -> SimpleNamespace:
+    """What TRL's GRPOTrainer._compute_loss reads, on one process, its model handing back `logps`."""
+    return SimpleNamespace(
         args=config,
         _get_per_token_logps_and_entropies=lambda *a, **k: (logps, torch.zeros_like(logps), None),
         aux_loss_enabled=False,
@@ -121,9 +111,23 @@ def _trl_gspo_loss(logps: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, a
         current_gradient_accumulation_steps=1,
         _entropy_bonus_enabled=False,
         _metrics=defaultdict(lambda: defaultdict(list)),
-        accelerator=SimpleNamespace(reduce=lambda x, reduction: x, gather=lambda x: x),
+        accelerator=SimpleNamespace(reduce=lambda x, reduction: x, gather=lambda x: x, num_processes=1),
     )
-    return GRPOTrainer._compute_loss(trl_self, None, _inputs(advantages, mask, old))
+
+
+def _trl_gspo_loss(logps: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """TRL's GRPOTrainer._compute_loss with TRL's documented GSPO configuration (docs: paper_index, GSPO)."""
+    config = GRPOConfig(
+        output_dir="unused",
+        importance_sampling_level="sequence",
+        loss_type="grpo",
+        beta=0.0,
+        epsilon=3e-4,
+        epsilon_high=4e-4,
+        use_cpu=True,
+        report_to="none",
+    )
+    return GRPOTrainer._compute_loss(_trl_self(config, logps), None, _inputs(advantages, mask, old))
 
 
 def _loop_loss(objective: str, logps, old, mask, advantages, epsilon: float, epsilon_high: float | None = None):
