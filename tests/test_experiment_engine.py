@@ -190,6 +190,16 @@ def test_plan_counts_every_setting_of_a_suites_protocol(capsys):
     assert "1600 runs" in capsys.readouterr().out  # 8 methods x bsuite's 20 settings x 10 seeds
 
 
+def test_plan_borrows_a_never_run_suites_rate_only_from_the_same_suite_methods_and_episodes():
+    pytest.importorskip("bsuite")
+    short = specs.load_spec("bsuite_discounting_chain_short")
+    rate, source = engine.borrowed_seconds_per_run(specs.load_spec("bsuite_discounting_chain_power"))
+    assert source == short.name and rate == engine.measured_seconds_per_run(short)
+    # the vcbm-only budget spec plays umbrella_distract's settings too, but other methods: no rate to borrow
+    assert engine.borrowed_seconds_per_run(specs.load_spec("bsuite_umbrella_distract_vcbm_budget")) is None
+    assert engine.borrowed_seconds_per_run(specs.load_spec("table2")) is None  # not a suite
+
+
 def test_every_measure_is_named_by_some_spec():
     used = {specs.load_spec(name).measure["name"] for name in specs.spec_names()}
     assert used == set(MEASURES)

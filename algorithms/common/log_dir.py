@@ -53,18 +53,26 @@ def summary_checksum(summary: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json({k: v for k, v in summary.items() if k != "checksum"}).encode()).hexdigest()
 
 
-def finished_summary(log_dir: Path, run: RunSpec) -> tuple[dict[str, Any] | None, str]:
-    """(summary, "") if log_dir holds a finished run of exactly this config, else (None, why not)."""
-    log_dir = Path(log_dir)
-    path = log_dir / "summary.json"
-    if not path.is_file():
-        return None, "unfinished" if (log_dir / "config.yml").is_file() else "new"
+def read_intact_summary(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """(summary, "") if the summary.json at `path` reads and its checksum holds, else (None, why not)."""
     try:
         summary = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError):
         return None, "its summary.json is unreadable"
     if not isinstance(summary, dict) or summary.get("checksum") != summary_checksum(summary):
         return None, "its summary.json was changed after the run wrote it"
+    return summary, ""
+
+
+def finished_summary(log_dir: Path, run: RunSpec) -> tuple[dict[str, Any] | None, str]:
+    """(summary, "") if log_dir holds a finished run of exactly this config, else (None, why not)."""
+    log_dir = Path(log_dir)
+    path = log_dir / "summary.json"
+    if not path.is_file():
+        return None, "unfinished" if (log_dir / "config.yml").is_file() else "new"
+    summary, why_not = read_intact_summary(path)
+    if summary is None:
+        return None, why_not
     if summary.get("config_hash") != run.config_hash:
         record = read_record(log_dir)
         if record is not None and record["config_hash"] == summary.get("config_hash"):

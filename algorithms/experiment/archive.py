@@ -11,6 +11,7 @@ archive made under another version of the spec (never pooled), before anything i
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -21,7 +22,7 @@ from typing import Any
 
 from algorithms.common import cli
 from algorithms.common.errors import VcbmGymError
-from algorithms.common.log_dir import EVENT_FILE, summary_checksum
+from algorithms.common.log_dir import EVENT_FILE, read_intact_summary
 from algorithms.experiment import distributed, specs
 
 SUFFIX = ".tar.xz"
@@ -31,15 +32,7 @@ WEIGHTS = frozenset({"checkpoints", "model", "adapter"})  # a run's saved models
 
 def finished_run_dirs(out: Path) -> list[Path]:
     """The log dirs under `out` whose summary.json is intact: the runs a resumed experiment can reuse."""
-    found = []
-    for path in sorted(out.rglob("summary.json")):
-        try:
-            summary = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError):
-            continue
-        if isinstance(summary, dict) and summary.get("checksum") == summary_checksum(summary):
-            found.append(path.parent)
-    return found
+    return [path.parent for path in sorted(out.rglob("summary.json")) if read_intact_summary(path)[0] is not None]
 
 
 def keeps_whole_runs(record: dict[str, Any]) -> bool:
@@ -115,9 +108,15 @@ def archived_summaries(spec: specs.ExperimentSpec) -> list[dict[str, Any]] | Non
     path = IN_PROGRESS / f"{spec.name}{SUFFIX}"
     if spec.path.parent != specs.SPEC_DIR or not path.is_file():
         return None
+    return list(summaries_in(path, path.stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=16)
+def summaries_in(path: Path, mtime_ns: int) -> tuple[dict[str, Any], ...]:
+    """The run summaries an archive holds, read once per version of the file (RESULTS.md asks twice per spec)."""
     with tarfile.open(path, mode="r:xz") as tar:
         members = [m for m in tar.getmembers() if m.isfile() and Path(m.name).name == "summary.json"]
-        return [json.load(tar.extractfile(m)) for m in members]
+        return tuple(json.load(tar.extractfile(m)) for m in members)
 
 
 def archived_runs(spec: specs.ExperimentSpec) -> int | None:

@@ -105,6 +105,25 @@ def measured_seconds_per_run(spec: ExperimentSpec) -> float | None:
     return None
 
 
+def borrowed_seconds_per_run(spec: ExperimentSpec) -> tuple[float, str] | None:
+    """A never-run suite's rate from another registered suite spec with the same bsuite experiment, methods and
+    episodes per setting, with that spec's name: the same runs at other seeds or settings cost about the same."""
+    if spec.kind != "suite":
+        return None
+
+    def played(suite_spec: ExperimentSpec) -> tuple[Any, ...]:
+        episodes = {setting.episodes for setting in specs.suite_settings(suite_spec)}
+        return suite_spec.run["experiment"], sorted(suite_spec.run.get("algos", suite_spec.methods)), episodes
+
+    for name in specs.spec_names():
+        other = specs.load_spec(name)
+        if other.kind == "suite" and other.name != spec.name and played(other) == played(spec):
+            rate = measured_seconds_per_run(other)
+            if rate is not None:
+                return rate, other.name
+    return None
+
+
 def cmd_plan(args: argparse.Namespace) -> None:
     spec = specs.load_spec(args.name)
     n = args.seeds if args.seeds is not None else len(spec.seeds)
@@ -115,7 +134,13 @@ def cmd_plan(args: argparse.Namespace) -> None:
     methods = spec.run.get("algos", list(spec.run.get("methods", spec.methods)))
     print(f"  kind {spec.kind}; methods {', '.join(methods)}; seeds {n} per method")
     what = "benchmark invocation" if spec.kind == "script" else "runs"
-    if rate is None:
+    borrowed = borrowed_seconds_per_run(spec) if rate is None else None
+    if borrowed is not None:
+        print(
+            f"  {runs} {what}; cost about {runs * borrowed[0] / 3600:.2f} core-hours ({borrowed[0]:.1f} s per run as "
+            f"measured by {borrowed[1]}, the same suite, methods and episodes; this spec has no run record)"
+        )
+    elif rate is None:
         print(f"  {runs} {what}; cost: no measured rate (no committed run record)")
     else:
         scale = n / len(spec.seeds) if spec.kind == "script" else 1.0
