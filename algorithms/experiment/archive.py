@@ -108,15 +108,31 @@ def archived_summaries(spec: specs.ExperimentSpec) -> list[dict[str, Any]] | Non
     path = IN_PROGRESS / f"{spec.name}{SUFFIX}"
     if spec.path.parent != specs.SPEC_DIR or not path.is_file():
         return None
-    return list(summaries_in(path, path.stat().st_mtime_ns))
+    return [summary for _, summary in summaries_in(path, path.stat().st_mtime_ns)]
+
+
+def archived_by_method(spec: specs.ExperimentSpec) -> dict[str, list[dict[str, Any]]] | None:
+    """archived_summaries by the spec's method each run's log dir is under (suites: runs/METHOD/SETTING/seedN, LLM
+    studies: SETTING/METHOD/seedN), or None where it has no archive."""
+    path = IN_PROGRESS / f"{spec.name}{SUFFIX}"
+    if spec.path.parent != specs.SPEC_DIR or not path.is_file():
+        return None
+    methods = list(spec.run.get("algos") or spec.run.get("methods") or spec.methods)
+    found: dict[str, list[dict[str, Any]]] = {method: [] for method in methods}
+    for member, summary in summaries_in(path, path.stat().st_mtime_ns):
+        method = next((part for part in Path(member).parts if part in found), None)
+        if method is not None:
+            found[method].append(summary)
+    return found
 
 
 @functools.lru_cache(maxsize=16)
-def summaries_in(path: Path, mtime_ns: int) -> tuple[dict[str, Any], ...]:
-    """The run summaries an archive holds, read once per version of the file (RESULTS.md asks twice per spec)."""
+def summaries_in(path: Path, mtime_ns: int) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """(member path, run summary) of each run an archive holds, read once per version of the file (RESULTS.md asks
+    twice per spec)."""
     with tarfile.open(path, mode="r:xz") as tar:
         members = [m for m in tar.getmembers() if m.isfile() and Path(m.name).name == "summary.json"]
-        return tuple(json.load(tar.extractfile(m)) for m in members)
+        return tuple((m.name, json.load(tar.extractfile(m))) for m in members)
 
 
 def archived_runs(spec: specs.ExperimentSpec) -> int | None:
