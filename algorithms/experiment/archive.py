@@ -102,20 +102,24 @@ def unpack_archive(path: Path, out: Path) -> None:
         distributed.extract_data(tar, out)
 
 
+def in_progress_archive(spec: specs.ExperimentSpec) -> Path | None:
+    """The registered experiment's archive in IN_PROGRESS, or None where it has none."""
+    path = IN_PROGRESS / f"{spec.name}{SUFFIX}"
+    return path if spec.path.parent == specs.SPEC_DIR and path.is_file() else None
+
+
 def archived_summaries(spec: specs.ExperimentSpec) -> list[dict[str, Any]] | None:
     """The summaries of a registered experiment's finished runs waiting in IN_PROGRESS, or None where it has no
     archive."""
-    path = IN_PROGRESS / f"{spec.name}{SUFFIX}"
-    if spec.path.parent != specs.SPEC_DIR or not path.is_file():
-        return None
-    return [summary for _, summary in summaries_in(path, path.stat().st_mtime_ns)]
+    path = in_progress_archive(spec)
+    return None if path is None else [summary for _, summary in summaries_in(path, path.stat().st_mtime_ns)]
 
 
 def archived_by_method(spec: specs.ExperimentSpec) -> dict[str, list[dict[str, Any]]] | None:
     """archived_summaries by the spec's method each run's log dir is under (suites: runs/METHOD/SETTING/seedN, LLM
     studies: SETTING/METHOD/seedN), or None where it has no archive."""
-    path = IN_PROGRESS / f"{spec.name}{SUFFIX}"
-    if spec.path.parent != specs.SPEC_DIR or not path.is_file():
+    path = in_progress_archive(spec)
+    if path is None:
         return None
     methods = list(spec.run.get("algos") or spec.run.get("methods") or spec.methods)
     found: dict[str, list[dict[str, Any]]] = {method: [] for method in methods}

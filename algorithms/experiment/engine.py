@@ -126,9 +126,9 @@ def borrowed_seconds_per_run(spec: ExperimentSpec) -> tuple[float, str] | None:
 
 
 def time_left(by_method: dict[str, list[dict[str, Any]]], runs: int) -> str:
-    """ "; about H core-hours left ...": each method's runs not archived at that method's archived mean time, and a
-    method with none archived at the median of the others' means (methods differ: tabular VCBM takes 1 s where DQN
-    with RUDDER takes 90)."""
+    """The plan line's tail on the core-hours left: each method's runs not archived at that method's archived mean
+    time, and a method with none archived at the median of the others' means (methods differ: tabular VCBM takes 1 s
+    where DQN with RUDDER takes 90)."""
     means = {
         method: statistics.fmean(times)
         for method, summaries in by_method.items()
