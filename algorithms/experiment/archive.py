@@ -108,21 +108,14 @@ def in_progress_archive(spec: specs.ExperimentSpec) -> Path | None:
     return path if spec.path.parent == specs.SPEC_DIR and path.is_file() else None
 
 
-def archived_summaries(spec: specs.ExperimentSpec) -> list[dict[str, Any]] | None:
-    """The summaries of a registered experiment's finished runs waiting in IN_PROGRESS, or None where it has no
-    archive."""
-    path = in_progress_archive(spec)
-    return None if path is None else [summary for _, summary in summaries_in(path, path.stat().st_mtime_ns)]
-
-
 def archived_by_method(spec: specs.ExperimentSpec) -> dict[str, list[dict[str, Any]]] | None:
-    """archived_summaries by the spec's method each run's log dir is under (suites: runs/METHOD/SETTING/seedN, LLM
-    studies: SETTING/METHOD/seedN), or None where it has no archive."""
+    """The summaries of a registered experiment's finished runs waiting in IN_PROGRESS, by the method each run's log
+    dir is under (suites: runs/METHOD/SETTING/seedN, LLM studies: SETTING/METHOD/seedN), or None where it has no
+    archive."""
     path = in_progress_archive(spec)
     if path is None:
         return None
-    methods = list(spec.run.get("algos") or spec.run.get("methods") or spec.methods)
-    found: dict[str, list[dict[str, Any]]] = {method: [] for method in methods}
+    found: dict[str, list[dict[str, Any]]] = {method: [] for method in specs.run_methods(spec)}
     for member, summary in summaries_in(path, path.stat().st_mtime_ns):
         method = next((part for part in Path(member).parts if part in found), None)
         if method is not None:
@@ -141,5 +134,5 @@ def summaries_in(path: Path, mtime_ns: int) -> tuple[tuple[str, dict[str, Any]],
 
 def archived_runs(spec: specs.ExperimentSpec) -> int | None:
     """How many finished runs of a registered experiment wait in IN_PROGRESS, or None where it has no archive."""
-    summaries = archived_summaries(spec)
-    return None if summaries is None else len(summaries)
+    path = in_progress_archive(spec)
+    return None if path is None else len(summaries_in(path, path.stat().st_mtime_ns))

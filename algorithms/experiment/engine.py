@@ -114,7 +114,7 @@ def borrowed_seconds_per_run(spec: ExperimentSpec) -> tuple[float, str] | None:
 
     def played(suite_spec: ExperimentSpec) -> tuple[Any, ...]:
         episodes = {setting.episodes for setting in specs.suite_settings(suite_spec)}
-        return suite_spec.run["experiment"], sorted(suite_spec.run.get("algos", suite_spec.methods)), episodes
+        return suite_spec.run["experiment"], sorted(specs.run_methods(suite_spec)), episodes
 
     for name in specs.spec_names():
         other = specs.load_spec(name)
@@ -151,8 +151,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     runs = specs.runs_of(spec, n)
     rate = measured_seconds_per_run(spec)
     print(f"{spec.name}: {spec.title}")
-    methods = spec.run.get("algos", list(spec.run.get("methods", spec.methods)))
-    print(f"  kind {spec.kind}; methods {', '.join(methods)}; seeds {n} per method")
+    print(f"  kind {spec.kind}; methods {', '.join(specs.run_methods(spec))}; seeds {n} per method")
     what = "benchmark invocation" if spec.kind == "script" else "runs"
     borrowed = borrowed_seconds_per_run(spec) if rate is None else None
     if borrowed is not None:

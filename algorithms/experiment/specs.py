@@ -250,9 +250,13 @@ def runs_of(spec: ExperimentSpec, seeds: int) -> int:
     if spec.kind == "script":
         return 1
     if spec.kind == "llm":
-        return len(spec.run["settings"]) * len(spec.run["methods"]) * seeds
-    methods = len(spec.run.get("algos", spec.methods))
-    return methods * len(suite_settings(spec)) * seeds
+        return len(spec.run["settings"]) * len(run_methods(spec)) * seeds
+    return len(run_methods(spec)) * len(suite_settings(spec)) * seeds
+
+
+def run_methods(spec: ExperimentSpec) -> list[str]:
+    """The methods the experiment runs: a suite's algos, an LLM study's methods, else those its comparisons name."""
+    return list(spec.run.get("algos", spec.run.get("methods", spec.methods)))
 
 
 def suite_settings(spec: ExperimentSpec) -> list[Any]:
