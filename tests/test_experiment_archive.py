@@ -165,10 +165,23 @@ def test_an_archived_experiment_is_listed_as_in_progress_with_its_count(tmp_path
     assert engine.main(["list"]) == 0
     assert "in progress" in next(line for line in capsys.readouterr().out.splitlines() if line.startswith(spec.name))
     assert engine.main(["plan", spec.name]) == 0
-    # 200 runs a method: ppo's 197 left at its 31 s, dqn's 199 at its 90 s, the 6 methods not run at 60.5 s (the
-    # median of 31 and 90); the mean of all archived runs (45.75 s) would say 20.29
-    left = (197 * 31.0 + 199 * 90.0 + 6 * 200 * 60.5) / 3600
-    assert f"{left:.2f}" == "26.84"
-    assert f"in progress: 4 of 1600 runs archived in benchmarks/in_progress; about {left:.2f} core-hours left" in (
-        capsys.readouterr().out
-    )
+    # 200 runs a method: ppo's 197 left at its 31 s, dqn's 199 at its 90 s, the 6 methods not run at the short
+    # sweep's measured 76.0 s a run; the mean of all archived runs (45.75 s) would say 20.29
+    rate, twin = engine.borrowed_seconds_per_run(spec)
+    assert (f"{rate:.1f}", twin) == ("76.0", "bsuite_discounting_chain_short")
+    left = (197 * 31.0 + 199 * 90.0 + 6 * 200 * rate) / 3600
+    out_text = capsys.readouterr().out
+    assert f"in progress: 4 of 1600 runs archived in benchmarks/in_progress; about {left:.2f} core-hours left" in out_text
+    assert "6 method(s) not yet run at bsuite_discounting_chain_short's rate, 76.0 s" in out_text
+
+
+def test_time_left_prices_each_method_at_its_own_mean_and_unseen_ones_at_the_borrowed_rate_or_the_median():
+    by_method = {"ppo": [{"wall_time_s": 30.0}, {"wall_time_s": 32.0}], "dqn": [{"wall_time_s": 90.0}], "dqn+rrd": []}
+    # 10 runs a method: ppo's 8 left at 31 s, dqn's 9 at 90 s, dqn+rrd's 10 at the median of 31 and 90 (60.5 s)
+    assert "about 0.46 core-hours left" in engine.time_left(by_method, 30)
+    assert f"{(8 * 31 + 9 * 90 + 10 * 60.5) / 3600:.2f}" == "0.46"
+    # with a twin spec's rate, dqn+rrd's 10 runs cost 120 s each instead
+    with_twin = engine.time_left(by_method, 30, (120.0, "twin"))
+    assert f"about {(8 * 31 + 9 * 90 + 10 * 120) / 3600:.2f} core-hours left" in with_twin
+    assert "1 method(s) not yet run at twin's rate, 120.0 s" in with_twin
+    assert engine.time_left({"ppo": [], "dqn": []}, 20) == ""

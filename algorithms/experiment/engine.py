@@ -125,10 +125,11 @@ def borrowed_seconds_per_run(spec: ExperimentSpec) -> tuple[float, str] | None:
     return None
 
 
-def time_left(by_method: dict[str, list[dict[str, Any]]], runs: int) -> str:
+def time_left(by_method: dict[str, list[dict[str, Any]]], runs: int, borrowed: tuple[float, str] | None = None) -> str:
     """The plan line's tail on the core-hours left: each method's runs not archived at that method's archived mean
-    time, and a method with none archived at the median of the others' means (methods differ: tabular VCBM takes 1 s
-    where DQN with RUDDER takes 90)."""
+    time (methods differ: tabular VCBM takes 1 s where DQN with RUDDER takes 90). A method with none archived takes
+    the borrowed rate of a twin spec where there is one, else the median of the others' means: the methods run
+    first may be the cheap ones, so the median of those alone would say too little."""
     means = {
         method: statistics.fmean(times)
         for method, summaries in by_method.items()
@@ -138,9 +139,12 @@ def time_left(by_method: dict[str, list[dict[str, Any]]], runs: int) -> str:
         return ""
     per_method = runs / len(by_method)
     unseen = [method for method in by_method if method not in means]
-    fallback = statistics.median(means.values())
+    if borrowed is not None:
+        fallback, source = borrowed[0], f"{borrowed[1]}'s rate"
+    else:
+        fallback, source = statistics.median(means.values()), "the median of the others' means"
     seconds = sum((per_method - len(summaries)) * means.get(method, fallback) for method, summaries in by_method.items())
-    others = f"; {len(unseen)} method(s) not yet run at the median of the others' means, {fallback:.1f} s" if unseen else ""
+    others = f"; {len(unseen)} method(s) not yet run at {source}, {fallback:.1f} s" if unseen else ""
     return f"; about {seconds / 3600:.2f} core-hours left (each method's runs at its archived mean time{others})"
 
 
@@ -168,7 +172,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     by_method = archive.archived_by_method(spec) if spec.kind != "script" else None
     if by_method is not None:
         done = sum(len(summaries) for summaries in by_method.values())
-        print(f"  in progress: {done} of {runs} runs archived in benchmarks/in_progress{time_left(by_method, runs)}")
+        print(f"  in progress: {done} of {runs} runs archived in benchmarks/in_progress{time_left(by_method, runs, borrowed)}")
     print(f"  budget: ours {spec.budget['ours']}; paper {spec.budget['paper']}")
     half = verdict.detectable_effect(n, n)
     print(f"  detectable effect at {n} vs {n} seeds: P(improvement) outside 0.5 +- {half:.2f} (95%)")
