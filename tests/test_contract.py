@@ -118,7 +118,7 @@ def test_wrong_types_and_keys_on_some_episodes_only_fail():
 
 def test_the_contract_names_every_key_a_runner_or_rule_reads():
     assert set(INFO_KEYS) == {
-        "first_decision_optimal", "is_success", "task_goal_completion", "is_decision_turn",
+        "first_decision_optimal", "is_success", "task_goal_completion", "is_decision_turn", "action_optimal",
         "state_mutating", "execution_output", "effect", "coalition_values", "withheld_reward",
     }  # fmt: skip
     learned_from = {k for k, spec in INFO_KEYS.items() if not spec.evaluation_only}

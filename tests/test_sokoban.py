@@ -374,6 +374,7 @@ def test_the_llm_arm_trains_the_tiny_model_on_sokoban(tmp_path, env_id, extra, h
     argv = tiny_llm_argv("loop", tmp_path, *extra, "--seed", "1", env=env_id, iterations=2, hyperparams=small)
     summary = run(argv)
     assert summary["iterations_run"] == 2 and "final_task_goal_completion" in summary
+    assert 0.0 <= summary["final_optimal_action_rate"] <= 1.0  # every Sokoban turn says whether its move was optimal
     assert summary["final_invalid_turn_rate"] < 1.0  # its vocabulary names the moves: some random answers are moves
     settings = yaml.safe_load((tmp_path / "config.yml").read_text())["hyperparams"]
     assert settings["credit"] == (extra[1] if extra else "loo")

@@ -76,6 +76,12 @@ INFO_KEYS: dict[str, InfoKey] = {
             evaluation_only=True,
         ),
         InfoKey(
+            "action_optimal", _is_bool, "bool", STEP,
+            "this step's action starts a shortest solution from the state it answered (known to the env)",
+            "LLM trainer: the optimal_action_rate metric",
+            evaluation_only=True,
+        ),
+        InfoKey(
             "withheld_reward", _is_finite_number, "a finite number", STEP,
             "the step's own reward, held back by envs.delayed_reward.DelayedReward (paid at the episode's end)",
             "SB3 replay buffer of a reward rule: the rule's fit to the dense reward (credit/reward_fit_corr)",

@@ -66,6 +66,7 @@ class Episode:
     turn_texts: list[str] = field(default_factory=list)
     effects: list[Any] = field(default_factory=list)  # EMPO effect per turn, info["effect"] (None: none)
     decision_turns: list[bool] = field(default_factory=list)  # evaluation only: info["is_decision_turn"]
+    optimal_turns: list[bool | None] = field(default_factory=list)  # evaluation only: info["action_optimal"], if given
     turn_rewards: list[float] = field(default_factory=list)  # the env's reward at each turn
     # where each turn started: (len(completion_ids), len(messages)) before its answer, and, when the rollout was
     # asked for them (play_episodes(snapshots=True)), the env's snapshot there (envs.snapshot): a branch point
@@ -290,6 +291,7 @@ def _take_turn(tokenizer, e: Episode, env, turn: int, answer, text: str, last_tu
     e.turn_texts.append(str(info.get("execution_output", obs)))
     e.effects.append(info.get("effect"))
     e.decision_turns.append(bool(info.get("is_decision_turn", False)))
+    e.optimal_turns.append(None if info.get("action_optimal") is None else bool(info["action_optimal"]))
     e.last_info = dict(info)
     e.messages += [{"role": "assistant", "content": text}, {"role": "user", "content": str(obs)}]
     e.done = bool(terminated or truncated) or last_turn or e.token_bound_reached
@@ -425,6 +427,7 @@ def branch_episode(episode: Episode, turn: int) -> Episode:
         turn_texts=episode.turn_texts[:turn],
         effects=episode.effects[:turn],
         decision_turns=episode.decision_turns[:turn],
+        optimal_turns=episode.optimal_turns[:turn],
         turn_rewards=[],
         messages=[dict(m) for m in episode.messages[:n_messages]],
     )

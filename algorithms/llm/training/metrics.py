@@ -98,6 +98,7 @@ def local_rollout_record(episodes: list[Episode], batch: EpisodeBatch, advantage
         "generated": [e.n_generated for e in episodes],
         "token_bound": [e.token_bound_reached for e in episodes],
         "turn_effects": [x for e in episodes for x in e.effects],
+        "optimal_turns": [x for e in episodes for x in e.optimal_turns if x is not None],
         "last_infos": [e.last_info for e in episodes],
         "mass": decision_advantage_sums(advantages, batch.mask, decision),
         "tokens": [float((decision * batch.mask).sum()), float(batch.mask.sum())],
@@ -105,10 +106,12 @@ def local_rollout_record(episodes: list[Episode], batch: EpisodeBatch, advantage
 
 
 def rollout_metrics(parts: list[dict[str, list]]) -> dict[str, float]:
-    """The iteration's rollout metrics over every process's `local_rollout_record`."""
-    every = {
-        k: [x for part in parts for x in part[k]] for k in ("returns", "generated", "token_bound", "turn_effects", "last_infos")
-    }
+    """The iteration's rollout metrics over every process's `local_rollout_record`. `optimal_action_rate` (where the
+    env reports `action_optimal`, as Sokoban does) is the share of turns whose action starts a shortest solution: it
+    moves with the policy's reading of the state, where the success rate also counts a wandering policy that solves
+    the task by chance within its turns."""
+    keys = ("returns", "generated", "token_bound", "turn_effects", "optimal_turns", "last_infos")
+    every = {k: [x for part in parts for x in part[k]] for k in keys}
     mass = np.sum([part["mass"] for part in parts], axis=0)
     tokens = np.sum([part["tokens"] for part in parts], axis=0)
     turns = every["turn_effects"]
@@ -120,6 +123,7 @@ def rollout_metrics(parts: list[dict[str, list]]) -> dict[str, float]:
         "decision_advantage_mass": float(mass[0] / mass[1]) if mass[1] > 0 else 0.0,
         "decision_token_share": float(tokens[0] / max(tokens[1], 1)),
         **task_goal_completion(every["last_infos"]),
+        **({"optimal_action_rate": float(np.mean(every["optimal_turns"]))} if every["optimal_turns"] else {}),
     }
 
 

@@ -246,7 +246,14 @@ class MultiTurnGRPOTrainer(FirstEpochOldLogps, SharedPromptLogps, GRPOTrainer):
             "iteration_time_s": time.perf_counter() - self._iter_start,
             "rollout_time_s": s["rollout_time_s"],
         }
-        for key in ("task_goal_completion", "empo_cell_coverage", "max_sampling_logprob_diff", *COMPUTE_KEYS, "branch_time_s"):
+        for key in (
+            "task_goal_completion",
+            "optimal_action_rate",
+            "empo_cell_coverage",
+            "max_sampling_logprob_diff",
+            *COMPUTE_KEYS,
+            "branch_time_s",
+        ):
             if key in s:
                 metrics[key] = s[key]
         metrics.update({k: v for k, v in s.items() if k.startswith("task_goal_completion/")})
