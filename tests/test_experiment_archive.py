@@ -115,7 +115,7 @@ def test_every_experiment_in_progress_resumes_under_its_spec_as_it_stands():
         assert spec.results is None, f"{spec.name} is published: delete its archive"
         with tarfile.open(path) as tar:
             runs = sum(1 for name in tar.getnames() if name.endswith("summary.json"))
-        assert f"| {spec.name} | {runs} | {specs.runs_of(spec, len(spec.seeds))} |" in listed, path.name
+        assert f"| {spec.name} | {runs} | {specs.planned_runs_text(spec)} |" in listed, path.name
 
 
 def test_a_suites_runs_carried_without_event_files_are_reused_and_scored_the_same(tmp_path):
@@ -185,3 +185,28 @@ def test_time_left_prices_each_method_at_its_own_mean_and_unseen_ones_at_the_bor
     assert f"about {(8 * 31 + 9 * 90 + 10 * 120) / 3600:.2f} core-hours left" in with_twin
     assert "1 method(s) not yet run at twin's rate, 120.0 s" in with_twin
     assert engine.time_left({"ppo": [], "dqn": []}, 20) == ""
+
+
+def test_a_benchmark_scripts_archive_counts_its_finished_runs_without_a_total(tmp_path, monkeypatch):
+    """A script's jobs are the script's own (runs_of counts one invocation): no "of 1" beside its runs."""
+    from algorithms.common.log_dir import summary_checksum
+
+    spec = specs.load_spec("episodic_mujoco_power")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / specs.RECORD_FILE).write_text(json.dumps(specs.run_record(spec, {})))
+    for seed in (400, 401):
+        run_dir = out / "runs" / "EpisodicHopper-v5" / "sac" / f"seed{seed}"
+        run_dir.mkdir(parents=True)
+        summary = {"seed": seed, "wall_time_s": 90.0}
+        (run_dir / "summary.json").write_text(json.dumps(summary | {"checksum": summary_checksum(summary)}))
+        (run_dir / "evaluations.npz").write_bytes(b"read by the script")
+    monkeypatch.setattr(archive, "IN_PROGRESS", tmp_path / "in_progress")
+    to = tmp_path / "in_progress" / "episodic_mujoco_power.tar.xz"
+    assert archive.write_archive(out, to) == ("episodic_mujoco_power", 2)
+    with tarfile.open(to) as tar:
+        assert sum(name.endswith("evaluations.npz") for name in tar.getnames()) == 2  # a script's runs travel whole
+    text = verdict.spec_markdown(spec, verdict.score(spec))
+    assert "in progress: 2 runs archived" in text and "of 1 runs" not in text
+    assert specs.planned_runs_text(spec) == "-"
+    assert specs.planned_runs_text(specs.load_spec("bsuite_discounting_chain_power")) == "1600"

@@ -254,6 +254,12 @@ def runs_of(spec: ExperimentSpec, seeds: int) -> int:
     return len(run_methods(spec)) * len(suite_settings(spec)) * seeds
 
 
+def planned_runs_text(spec: ExperimentSpec) -> str:
+    """The runs an experiment in progress is heading for, in a table: a suite's or LLM study's count at the spec's
+    seeds, "-" for a benchmark script, whose jobs only the script knows (`runs_of` counts it as one invocation)."""
+    return "-" if spec.kind == "script" else str(runs_of(spec, len(spec.seeds)))
+
+
 def run_methods(spec: ExperimentSpec) -> list[str]:
     """The methods the experiment runs: a suite's algos, an LLM study's methods, else those its comparisons name."""
     return list(spec.run.get("algos", spec.run.get("methods", spec.methods)))
