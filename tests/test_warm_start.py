@@ -76,3 +76,15 @@ def test_the_warm_started_model_answers_in_format_and_repairs_every_brand_about_
             p = torch.softmax(model(decision).logits[0, -1], -1)
         assert p[repair] + p[skip] > 0.9  # it decides at once
         assert 0.25 < p[repair] / (p[repair] + p[skip]) < 0.75, (name, p[repair].item(), p[skip].item())
+
+
+def test_the_warm_start_records_its_loss_at_the_end_apart_from_the_mean_over_its_steps(tmp_path):
+    import json
+
+    from algorithms.llm.model.warm_start import MARKER, cached_warm_start
+
+    cfg = WarmStartConfig(episodes_per_env=2, max_steps=20)
+    record = json.loads((cached_warm_start(cfg, cache_dir=tmp_path) / MARKER).read_text())
+    assert record["examples"] > 0 and record["config"]["max_steps"] == 20
+    # the mean counts the random model's first steps, the last tenth only what SFT ends at
+    assert 0.0 < record["last_sft_loss"] < 0.5 * record["mean_sft_loss"]

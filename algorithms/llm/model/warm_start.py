@@ -141,7 +141,9 @@ def warm_start_key(cfg: WarmStartConfig, examples: list[dict[str, Any]], model_c
     return digest.hexdigest()[:16]
 
 
-def _train(model, tokenizer, examples: list[dict[str, Any]], cfg: WarmStartConfig, out_dir: str) -> float:
+def _train(model, tokenizer, examples: list[dict[str, Any]], cfg: WarmStartConfig, out_dir: str) -> dict[str, float]:
+    """SFT of `model` on `examples`: the loss over all steps (`mean_sft_loss`) and over the last tenth of them
+    (`last_sft_loss`, what the model ends at; the mean also counts the random start's loss)."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
@@ -153,7 +155,7 @@ def _train(model, tokenizer, examples: list[dict[str, Any]], cfg: WarmStartConfi
         lr_scheduler_type="cosine",
         warmup_steps=10,
         weight_decay=0.0,
-        logging_steps=cfg.max_steps,
+        logging_steps=max(1, cfg.max_steps // 10),
         save_strategy="no",
         report_to="none",
         seed=cfg.model_seed,
@@ -167,7 +169,8 @@ def _train(model, tokenizer, examples: list[dict[str, Any]], cfg: WarmStartConfi
     )
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(examples), processing_class=tokenizer)
     result = trainer.train()
-    return float(result.training_loss)
+    logged = [float(entry["loss"]) for entry in trainer.state.log_history if "loss" in entry]
+    return {"mean_sft_loss": float(result.training_loss), "last_sft_loss": logged[-1] if logged else float("nan")}
 
 
 def cached_warm_start(
@@ -208,12 +211,12 @@ def cached_warm_start(
             try:
                 previous = torch.get_num_threads()
                 with contextlib.redirect_stdout(open(os.devnull, "w")):
-                    loss = _train(model, tokenizer, examples, cfg, str(staging / "trainer"))
+                    losses = _train(model, tokenizer, examples, cfg, str(staging / "trainer"))
                 torch.set_num_threads(previous)
                 shutil.rmtree(staging / "trainer", ignore_errors=True)
                 model.save_pretrained(staging)
                 tokenizer.save_pretrained(staging)
-                record = {"config": dataclasses.asdict(cfg), "examples": len(examples), "final_sft_loss": loss}
+                record = {"config": dataclasses.asdict(cfg), "examples": len(examples), **losses}
                 (staging / MARKER).write_text(json.dumps({**record, **({"base": Path(base).name} if base else {})}))
                 if folder.exists():  # an incomplete earlier attempt (no marker)
                     shutil.rmtree(folder)
