@@ -297,3 +297,36 @@ def test_a_descriptive_spec_says_it_compares_nothing_and_a_spec_without_results_
     unrun = specs.load_spec(str(write_tiny_spec(tmp_path / "unrun.yml")))
     text = verdict.spec_markdown(unrun, verdict.score(unrun))
     assert "No results yet." in text and "No comparison" not in text
+
+
+def test_a_sigterm_to_the_engine_stops_the_benchmark_script_it_runs(tmp_path):
+    """Nothing outlives its parent: a benchmark script run by the engine ends when the engine is sent SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    script = tmp_path / "slow_benchmark.py"
+    script.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(120)\n")
+    engine_code = (
+        "import types; from pathlib import Path; from algorithms.experiment import engine; "
+        f"engine.execute_script(types.SimpleNamespace(name='slow'), [{str(script)!r}], Path({str(tmp_path / 'out')!r}), {{}})"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", engine_code], cwd=specs.REPO, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not (pid_file.is_file() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=30) != 0
+    for _ in range(100):  # the child has been sent SIGTERM and waited for before the engine exits
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail(f"the benchmark script (pid {child}) outlived the engine")

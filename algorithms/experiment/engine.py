@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from algorithms.common import cli, provenance
 from algorithms.common.errors import VcbmGymError
-from algorithms.experiment import archive, llm_study, specs, verdict
+from algorithms.experiment import archive, executor, llm_study, specs, verdict
 from algorithms.experiment.specs import ExperimentSpec
 
 MAX_SEEDS = 10_000  # per method, as compare and suite accept (algorithms.experiment.jobs)
@@ -337,14 +337,17 @@ def script_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def execute_script(spec: ExperimentSpec, argv: list[str], out: Path, record: dict[str, Any]) -> None:
-    """A benchmark with its own harness, run as a child process (it stops when the engine stops)."""
+    """A benchmark with its own harness, run as a child process. It stops when the engine stops: a SIGTERM to the
+    engine (whose default action would end it at once, leaving the child running) raises, and the child is sent
+    SIGTERM and waited for, so that it keeps its finished runs as its own stop does."""
     cli.output_dir(out, "--out")
     cli.atomic_write_json(out / specs.RECORD_FILE, record)
     script = specs.REPO / argv[0]
     command = [sys.executable, str(script), *argv[1:]] if script.suffix == ".py" else [sys.executable, "-m", *argv]
     process = subprocess.Popen(command, cwd=specs.REPO, env=script_environment(os.environ))
     try:
-        code = process.wait()
+        with executor.sigterm_stops():
+            code = process.wait()
     except BaseException:
         process.terminate()
         process.wait()
