@@ -380,7 +380,8 @@ class SokobanEnv(SnapshotMixin, gym.Env):
         text = action if isinstance(action, str) else str(action)
         move = parse_move(text)
         before = self._state
-        optimal = move in self._solution.optimal_moves(before)
+        # a board with no solution left has no optimal move: None, so that its turns leave the optimal-move rate
+        optimal = None if self._solution.distance(before) is None else move in self._solution.optimal_moves(before)
         if move == INVALID:
             effect, output = INVALID, f"invalid action {_printable(text)!r}: expected one of up, down, left, right."
         else:
@@ -407,7 +408,7 @@ class SokobanEnv(SnapshotMixin, gym.Env):
             "state_mutating": self._state != before,
             "execution_output": output,
             "effect": effect,
-            "action_optimal": bool(optimal),
+            "action_optimal": optimal,
             "moves_to_solve": -1 if distance is None else int(distance),
         }
         if self._done:

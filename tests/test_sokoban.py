@@ -240,6 +240,16 @@ def test_a_box_stuck_against_a_wall_away_from_its_target_leaves_no_optimal_alter
     assert info["moves_to_solve"] == -1 and info["difficulty"] == -1 and env.optimal_alternative() is None
 
 
+def test_a_push_into_a_dead_end_is_not_optimal_and_the_dead_board_after_it_has_no_optimal_move():
+    env = SokobanEnv()
+    board = ONE_PUSH.replace("# P X O _ #", "# _ X P O #")  # the box must go right, from its left
+    env.reset(seed=0, options={"board": board})
+    _, _, _, _, info = env.step("left")  # the box against the left wall can never reach column 4
+    assert info["action_optimal"] is False and info["moves_to_solve"] == -1
+    _, _, _, _, info = env.step("up")
+    assert info["action_optimal"] is None  # no move of a dead board is optimal: the turn leaves the optimal-move rate
+
+
 def test_passes_gymnasium_env_checker():
     check_env(SokobanEnv(), skip_render_check=True)
 

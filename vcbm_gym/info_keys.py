@@ -18,6 +18,10 @@ def _is_bool(value: Any) -> bool:
     return isinstance(value, (bool, np.bool_))
 
 
+def _is_bool_or_none(value: Any) -> bool:
+    return value is None or _is_bool(value)
+
+
 def _is_unit_number(value: Any) -> bool:
     return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating)) and 0.0 <= float(value) <= 1.0
 
@@ -76,8 +80,9 @@ INFO_KEYS: dict[str, InfoKey] = {
             evaluation_only=True,
         ),
         InfoKey(
-            "action_optimal", _is_bool, "bool", STEP,
-            "this step's action starts a shortest solution from the state it answered (known to the env)",
+            "action_optimal", _is_bool_or_none, "bool, or None", STEP,
+            "this step's action starts a shortest solution from the state it answered (known to the env); None where "
+            "that state has no solution, so that no action could be optimal",
             "LLM trainer: the optimal_action_rate metric",
             evaluation_only=True,
         ),

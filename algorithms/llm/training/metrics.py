@@ -107,9 +107,10 @@ def local_rollout_record(episodes: list[Episode], batch: EpisodeBatch, advantage
 
 def rollout_metrics(parts: list[dict[str, list]]) -> dict[str, float]:
     """The iteration's rollout metrics over every process's `local_rollout_record`. `optimal_action_rate` (where the
-    env reports `action_optimal`, as Sokoban does) is the share of turns whose action starts a shortest solution: it
-    moves with the policy's reading of the state, where the success rate also counts a wandering policy that solves
-    the task by chance within its turns."""
+    env reports `action_optimal`, as Sokoban does) is the share of turns whose action starts a shortest solution, over
+    the turns whose state has one (a deadlocked board's turns have no optimal move and are left out): it moves with the
+    policy's reading of the state, where the success rate also counts a wandering policy that solves the task by
+    chance within its turns."""
     keys = ("returns", "generated", "token_bound", "turn_effects", "optimal_turns", "last_infos")
     every = {k: [x for part in parts for x in part[k]] for k in keys}
     mass = np.sum([part["mass"] for part in parts], axis=0)
