@@ -52,9 +52,25 @@ def provenance(record: dict[str, Any] | None, wall_time_s: Any = None, extra: li
         ("command", f"`{record['command']}`" if record and record.get("command") else NOT_RECORDED),
         ("commit", _commit(record)),
         ("wall time", _seconds(wall)),
+        *_reuse_rows(record),
         *(extra or []),
     ]
     return "\n".join(["| | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows]]) + "\n"
+
+
+def _reuse_rows(record: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """Where a resumed invocation reused runs, its wall time is its own alone: the runs it reused, and every run's time."""
+    if not record or "runs_reused" not in record:
+        return []
+    backend = f"; backend {record['backend']}" if record.get("backend") else ""
+    return [
+        (
+            "runs",
+            f"{record['runs']} ({record['runs_reused']} reused from an earlier invocation, "
+            f"{record['runs'] - record['runs_reused']} run by this one{backend})",
+        ),
+        ("run time summed over runs", _seconds(record.get("run_time_s_sum"))),
+    ]
 
 
 def compare_section(title: str, directory: Path, how: str) -> str:
@@ -63,19 +79,9 @@ def compare_section(title: str, directory: Path, how: str) -> str:
     results, record = _read(directory / "results.json"), _read(directory / "run.json")
     if results is None:
         return f"## {title}\n\nNot produced yet: run `{how}`.\n"
-    extra = []
-    if record:
-        extra = [
-            (
-                "runs",
-                f"{record['runs']} ({record['runs_reused']} reused from an earlier invocation, "
-                f"{record['runs_run']} run by this one; backend {record['backend']})",
-            ),
-            ("run time summed over runs", _seconds(record.get("run_time_s_sum"))),
-        ]
     figures = [name for name in ("figure.png", "curves.png") if (directory / name).is_file()]
     links = " ".join(f"![{name}](results/{directory.name}/{name})" for name in figures)
-    return f"## {title}\n\n{provenance(record, extra=extra)}\n{table_markdown(results)}\n{links}\n"
+    return f"## {title}\n\n{provenance(record)}\n{table_markdown(results)}\n{links}\n"
 
 
 def _benchmark(name: str) -> Any:

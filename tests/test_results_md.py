@@ -46,3 +46,12 @@ def test_every_section_says_what_its_outputs_record(tmp_path):
     assert "| Visual Causal-chain Bookmarking (Selvakumar, 2026), Table II |" in verdicts
     row = next(line for line in verdicts.splitlines() if "Table II |" in line)
     assert row.endswith("**untested** |")
+
+
+def test_a_resumed_commands_section_counts_the_runs_it_reused_and_every_runs_time():
+    """Its wall time is the last invocation's alone: 22 runs of 120 here."""
+    record = {"command": "c", "wall_time_s": 2164.3, "runs": 120, "runs_reused": 98, "run_time_s_sum": 22104.9}
+    text = make_results.provenance(record | {"backend": "process"})
+    assert "| runs | 120 (98 reused from an earlier invocation, 22 run by this one; backend process) |" in text
+    assert "| run time summed over runs | 22,105 s (368.4 min) |" in text
+    assert "| runs |" not in make_results.provenance({"command": "c", "wall_time_s": 1.0})  # nothing reused to say
