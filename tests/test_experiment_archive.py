@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tarfile
 from pathlib import Path
@@ -191,7 +192,7 @@ def test_a_benchmark_scripts_archive_counts_its_finished_runs_without_a_total(tm
     """A script's jobs are the script's own (runs_of counts one invocation): no "of 1" beside its runs."""
     from algorithms.common.log_dir import summary_checksum
 
-    spec = specs.load_spec("episodic_mujoco_power")
+    spec = dataclasses.replace(specs.load_spec("episodic_mujoco_power"), results=None)  # a script not yet published
     out = tmp_path / "out"
     out.mkdir()
     (out / specs.RECORD_FILE).write_text(json.dumps(specs.run_record(spec, {})))
