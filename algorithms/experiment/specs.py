@@ -254,10 +254,16 @@ def runs_of(spec: ExperimentSpec, seeds: int) -> int:
     return len(run_methods(spec)) * len(suite_settings(spec)) * seeds
 
 
+def planned_runs(spec: ExperimentSpec) -> int | None:
+    """The runs an experiment in progress is heading for: a suite's or LLM study's count at the spec's seeds, None for
+    a benchmark script, whose jobs only the script knows (`runs_of` counts it as one invocation)."""
+    return None if spec.kind == "script" else runs_of(spec, len(spec.seeds))
+
+
 def planned_runs_text(spec: ExperimentSpec) -> str:
-    """The runs an experiment in progress is heading for, in a table: a suite's or LLM study's count at the spec's
-    seeds, "-" for a benchmark script, whose jobs only the script knows (`runs_of` counts it as one invocation)."""
-    return "-" if spec.kind == "script" else str(runs_of(spec, len(spec.seeds)))
+    """`planned_runs` in a table: "-" where only the script knows."""
+    total = planned_runs(spec)
+    return "-" if total is None else str(total)
 
 
 def run_methods(spec: ExperimentSpec) -> list[str]:

@@ -301,7 +301,8 @@ def spec_markdown(spec: specs.ExperimentSpec, scored: dict[str, Any]) -> str:
     }[status]
     archived = archive.archived_runs(spec) if status == "no results" else None
     if archived is not None:
-        heading_for = "" if spec.kind == "script" else f" of {specs.runs_of(spec, len(spec.seeds))}"
+        total = specs.planned_runs(spec)
+        heading_for = "" if total is None else f" of {total}"
         registration += f" (in progress: {archived}{heading_for} runs archived)"
     rows = [
         ("spec", f"`zoo_configs/experiments/{spec.path.name}` (hash `{spec.hash[:12]}`)"),
