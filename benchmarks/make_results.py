@@ -294,7 +294,9 @@ def training_pass_section(markdown: Path) -> str:
         "python benchmarks/llm_training_pass.py --json benchmarks/results/llm_training_pass.json "
         "--markdown benchmarks/results/llm_training_pass.md"
     )
-    return own_report_section("LLM training pass (TRL's and shared prompts, side by side in one run)", markdown, command)
+    return own_report_section(
+        "LLM training pass (TRL's, shared prompts, and length-trimmed chunks, side by side in one run)", markdown, command
+    )
 
 
 def old_logps_section(markdown: Path) -> str:
