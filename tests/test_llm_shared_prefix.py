@@ -129,9 +129,11 @@ def test_completion_ends_is_one_past_the_last_attended_position():
 
 def test_length_chunks_cut_where_padding_costs_more_than_encoding_the_prompt_again():
     # rows 10, 9, 8, 1 tokens long, one prompt: one chunk costs 4 x 10 + w, cutting off the short row 3 x 10 + 1 + 2w
-    assert length_chunks([10, 9, 8, 1], [0, 0, 0, 0], prompt_width=4, max_rows=4) == [(0, 3), (3, 4)]
-    assert length_chunks([10, 9, 8, 1], [0, 0, 0, 0], prompt_width=40, max_rows=4) == [(0, 4)]
+    assert length_chunks([10, 9, 8, 1], [0, 0, 0, 0], prompt_width=4, max_rows=4, call_cost=0) == [(0, 3), (3, 4)]
+    assert length_chunks([10, 9, 8, 1], [0, 0, 0, 0], prompt_width=40, max_rows=4, call_cost=0) == [(0, 4)]
+    # a chunk's fixed cost: 44 + 10 as one chunk against 39 + 20 as two
+    assert length_chunks([10, 9, 8, 1], [0, 0, 0, 0], prompt_width=4, max_rows=4, call_cost=10) == [(0, 4)]
     # at most max_rows rows a chunk
-    assert length_chunks([10, 9, 8, 1], [0, 0, 0, 0], prompt_width=40, max_rows=2) == [(0, 2), (2, 4)]
+    assert length_chunks([10, 9, 8, 1], [0, 0, 0, 0], prompt_width=40, max_rows=2, call_cost=0) == [(0, 2), (2, 4)]
     # two prompts: a chunk pays for each distinct prompt it holds (20 + 20 + 4 x 10 = 80 as one chunk, 64 as two)
-    assert length_chunks([10, 9, 2, 1], [0, 0, 1, 1], prompt_width=20, max_rows=4) == [(0, 2), (2, 4)]
+    assert length_chunks([10, 9, 2, 1], [0, 0, 1, 1], prompt_width=20, max_rows=4, call_cost=0) == [(0, 2), (2, 4)]
