@@ -1,5 +1,6 @@
 """VCBM-blended LOO (Eq. 12-14 of the VCBM paper, arXiv:2610.24032; docs/papers/vcbm.md) against hand-computed numbers."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -138,3 +139,16 @@ def test_bad_parameters_are_named():
         VCBMBlendRule(beta=1.5)
     with pytest.raises(ValueError, match="few_bookmarks='always'"):
         VCBMBlendRule(few_bookmarks="always")
+
+
+def test_retrieval_share_counts_the_rollouts_whose_bookmarks_were_ranked():
+    batch = _token_batch([1.0, 2.0, 3.0, 6.0])
+    flags = [np.array([i < n for i in range(10)]) for n in (8, 7, 6, 0)]
+    batch = dataclasses.replace(batch, turn_flags={"state_mutating": flags})
+    floor = VCBMBlendRule()
+    assert math.isnan(floor.summary()["retrieval_share"])  # no batch yet
+    floor.token_weights(batch)
+    assert floor.summary()["retrieval_share"] == 0.5  # 8 and 7 bookmarks are more than top_k (6); 6 and 0 are LOO
+    every = VCBMBlendRule(few_bookmarks="retrieve")
+    every.token_weights(batch)
+    assert every.summary()["retrieval_share"] == 0.75  # every rollout that has a bookmark

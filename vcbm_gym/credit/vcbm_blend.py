@@ -142,6 +142,12 @@ class EpisodicMemory:
         self.add(turns, np.asarray(state["embeddings"], dtype=np.float32), np.asarray(state["returns"], dtype=np.float64))
 
 
+def retrieves(n_bookmarks: int, top_k: int = TOP_K, few_bookmarks: str = FEW_BOOKMARKS) -> bool:
+    """Whether Eq. 13's retrieval ranks a rollout's bookmarks: it has some, and more than top_k of them unless
+    `few_bookmarks="retrieve"`; otherwise every step weighs 1 (plain LOO)."""
+    return n_bookmarks > 0 and (n_bookmarks > top_k or few_bookmarks == "retrieve")
+
+
 def retrieval_weights(
     step_turn: np.ndarray,
     mask: np.ndarray,
@@ -166,7 +172,7 @@ def retrieval_weights(
     n_bookmarks = len(bookmark_turns)
     if n_steps == 0:
         return weights
-    if n_bookmarks == 0 or (n_bookmarks <= top_k and few_bookmarks == "floor"):
+    if not retrieves(n_bookmarks, top_k, few_bookmarks):
         return mask.astype(np.float64)  # every token at the floor: renormalised, all ones (plain LOO)
     keys = np.asarray(bookmark_embeddings, dtype=np.float64).reshape(n_bookmarks, -1)
     query = np.asarray(query_embedding, dtype=np.float64)
@@ -224,6 +230,7 @@ class VCBMBlendRule(CreditRule):
             raise ValueError(f"few_bookmarks={few_bookmarks!r}: expected one of {FEW_BOOKMARK_MODES}")
         self.few_bookmarks = few_bookmarks
         self.memory = EpisodicMemory(self.dim, options.optional_integer("memory_capacity", memory_capacity, 1))
+        self.retrieval_share = float("nan")  # of the last batch's rollouts, those whose bookmarks were ranked
 
     def _bookmarks(self, batch: EpisodeBatch, b: int) -> tuple[list[int], np.ndarray]:
         flags = batch.turn_flags.get("state_mutating")
@@ -247,8 +254,10 @@ class VCBMBlendRule(CreditRule):
         if batch.final_texts is None:
             raise ValueError("VCBMBlendRule needs final_texts (terminal observations) in the batch")
         out = np.zeros(batch.rewards.shape)
+        ranked = 0
         for b in range(batch.batch_size):
             turns, keys = self._bookmarks(batch, b)
+            ranked += retrieves(len(turns), self.top_k, self.few_bookmarks)
             out[b] = retrieval_weights(
                 batch.step_turn[b],
                 batch.mask[b],
@@ -260,6 +269,7 @@ class VCBMBlendRule(CreditRule):
                 self.alpha,
                 self.few_bookmarks,
             )
+        self.retrieval_share = ranked / max(batch.batch_size, 1)
         return out
 
     def advantages(self, batch: EpisodeBatch) -> np.ndarray:
@@ -267,7 +277,9 @@ class VCBMBlendRule(CreditRule):
         return np.where(batch.mask, blend(loo, self.token_weights(batch), self.beta), 0.0)
 
     def summary(self) -> dict[str, Any]:
-        return {"memory_size": len(self.memory)}
+        """The memory's size, and the share of the last batch's rollouts whose bookmarks Eq. 13 ranked (at 0 the
+        rule was plain LOO on that batch)."""
+        return {"memory_size": len(self.memory), "retrieval_share": self.retrieval_share}
 
     def state_dict(self) -> dict[str, Any]:
         return {"memory": self.memory.state_dict()}
