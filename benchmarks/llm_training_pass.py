@@ -42,7 +42,8 @@ from algorithms.common.provenance import (  # noqa: E402
     measured_report,
 )
 
-SETTINGS = {"twr-paper": ("llm_power_twr_paper", "twr-paper", "loop"), "sokoban": ("llm_empo_gigpo_sokoban", "sokoban", "loop")}
+SETTINGS = {"twr-paper": "llm_power_twr_paper", "sokoban": "llm_empo_gigpo_sokoban"}  # setting -> the spec that runs it
+METHOD = "loop"
 K = 8
 PATHS = ("trl", "whole", "trimmed")
 
@@ -57,9 +58,8 @@ def captured_batch(setting: str, model_name: str, rollouts: int, out: str):
     from algorithms.llm.build import build_trainer, trainer_config_for_run
     from algorithms.train import resolve_argv
 
-    experiment, name, method = SETTINGS[setting]
-    run = specs.load_spec(experiment).run
-    argv = llm_study.run_argv(llm_study.settings_of(run)[name], llm_study.methods_of(run)[method], 0, 1, Path(out))
+    run = specs.load_spec(SETTINGS[setting]).run
+    argv = llm_study.run_argv(llm_study.settings_of(run)[setting], llm_study.methods_of(run)[METHOD], 0, 1, Path(out))
     argv[argv.index("--model") + 1] = model_name
     spec = resolve_argv([*argv, f"generation_batch_size={rollouts}", "per_device_train_batch_size=null"])
     trainer = build_trainer(spec, trainer_config_for_run(spec, out, progress=False), writer=None)
