@@ -115,20 +115,16 @@ sys.path.insert(0, str(REPO))
 
 from algorithms.common import cli  # noqa: E402
 from algorithms.common.errors import VcbmGymError  # noqa: E402
+from algorithms.experiment.llm_options import add_run_arguments, check_choices, check_counts, estimate_total, makespan  # noqa: E402
 from algorithms.experiment.llm_study import (  # noqa: E402
     START_S,
     TARGET,
     Job,
     Trained,
-    add_run_arguments,
-    check_choices,
-    check_counts,
-    estimate_total,
     final_rate,
     finished_history,
     grouped,
     iterations_to_target,
-    makespan,
     mean_ci,
     method_rows,
     run_reusing,

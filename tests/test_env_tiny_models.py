@@ -258,13 +258,15 @@ def test_evaluate_builds_tiny_on_the_envs_own_vocabulary():
     assert "player" in sokoban.get_vocab() and "player" not in appworld.get_vocab()
 
 
-def test_the_llm_study_prebuilds_the_warm_start_of_each_env_that_has_its_own(monkeypatch):
+def test_the_llm_study_prebuilds_and_records_the_warm_start_each_setting_loads(monkeypatch):
     from algorithms.experiment import llm_study
     from algorithms.llm.model import env_models
     from algorithms.llm.model import warm_start as shared
 
     built = []
-    monkeypatch.setattr(env_models.EnvTinyModel, "warm_start", lambda self: built.append(self.env_id) or Path("unused"))
+    monkeypatch.setattr(
+        env_models.EnvTinyModel, "warm_start", lambda self: built.append(self.env_id) or Path(f"cache/{self.env_id}-key")
+    )
     monkeypatch.setattr(shared, "cached_warm_start", lambda: built.append("shared") or Path("cache/0123456789abcdef"))
     setting = dict(iterations=1, turns=2, rollouts=4, group=2, epochs=1, learning_rate=1e-3)
     run = {
@@ -275,8 +277,16 @@ def test_the_llm_study_prebuilds_the_warm_start_of_each_env_that_has_its_own(mon
             "watch": {**setting, "env": "TextWatchRepair-v0", "noise_scale": 0.5},
         }
     }
-    assert llm_study.prebuilt_warm_starts(run) == "0123456789abcdef"  # the runs record the shared one's key
-    assert built == ["Sokoban-v0", "TextWorldExpress-coin-v0", "shared"]
+    keys = llm_study.prebuilt_warm_starts(run)  # each run records, and resume checks, the model it loads
+    assert keys == {
+        "sokoban": "Sokoban-v0-key",
+        "sokoban_again": "Sokoban-v0-key",
+        "coin": "TextWorldExpress-coin-v0-key",
+        "watch": "0123456789abcdef",
+    }
+    assert built == ["Sokoban-v0", "shared", "TextWorldExpress-coin-v0"]  # each model once, by env id
+    assert llm_study.one_or_each(keys) == keys
+    assert llm_study.one_or_each({"watch": "0123456789abcdef", "watch_low": "0123456789abcdef"}) == "0123456789abcdef"
 
 
 def _first_answers(model, tokenizer, seeds: range) -> list[tuple[str, bool]]:

@@ -19,13 +19,12 @@ Per seed the study records iterations until the trailing mean of the task's succ
 the optimal decision on the watch envs) over `window` iterations first reaches the target (censored at the budget: a
 lower bound, in the run's favour) and the final rate (the mean of the last `window` iterations). A run is reused when
 its log dir holds a finished run of the same resolved config and warm-start model; the others train on the executor's
-worker processes. The helpers the LLM benchmarks share (jobs, reuse, the target criterion, t-intervals, their common
-options and checks, results.json / run.json / results.md) live here.
+worker processes. The helpers the LLM benchmarks share (jobs, reuse, the target criterion, t-intervals, results.json / run.json /
+results.md) live here; their command line's, in algorithms.experiment.llm_options.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -186,19 +185,6 @@ def mean_ci(curves: np.ndarray) -> tuple[list[float], list[float], list[float]]:
     return mean.tolist(), (mean - half).tolist(), (mean + half).tolist()
 
 
-def makespan(costs: Sequence[float], workers: int) -> float:
-    """Wall time of runs of these costs on `workers` processes, each run started when a worker frees (longest first)."""
-    free = [0.0] * workers
-    for cost in sorted(costs, reverse=True):
-        free[free.index(min(free))] += cost
-    return max(free)
-
-
-def estimate_total(costs: Sequence[float], workers: int) -> str:
-    """A budget estimate's last line: the runs' minutes in all, and the wall time on `workers` processes."""
-    return f"total {sum(costs) / 60:.1f} run-minutes on {workers} workers: about {makespan(costs, workers) / 60:.0f} min"
-
-
 def finished_history(job: Job) -> tuple[list[dict] | None, str]:
     """(history, "") when job.log_dir holds a finished run of exactly this config and warm-start, else (None, why not)."""
     from algorithms.common.log_dir import finished_summary
@@ -281,33 +267,6 @@ def run_reusing(jobs: list[Job], workers: int, start: float, describe: Callable[
     if failures:
         raise VcbmGymError(f"{len(failures)} run(s) failed (finished ones are kept): " + "; ".join(failures))
     return histories, reused
-
-
-def add_run_arguments(parser: argparse.ArgumentParser, out: str, window: int, window_help: str, hyperparams: bool) -> None:
-    """The options every LLM benchmark takes after its selection: [--hyperparams], --window, --workers, --out, --estimate."""
-    if hyperparams:
-        parser.add_argument("--hyperparams", nargs="*", default=[], metavar="KEY=VALUE", help="more train overrides, every run")
-    parser.add_argument("--window", type=int, default=window, help=window_help)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", default=out)
-    parser.add_argument("--estimate", action="store_true", help="print the runs' time budget and exit")
-
-
-def check_choices(flag: str, given: Sequence[str], allowed: Sequence[str]) -> None:
-    """Every value given to `flag` one of `allowed`, else one line naming it."""
-    for value in given:
-        if value not in allowed:
-            raise VcbmGymError(f"{flag} {value!r}: expected some of {', '.join(allowed)}")
-
-
-def check_counts(args: argparse.Namespace) -> None:
-    """--workers, --window, --seeds and --iterations (a budget holds at least one window); None: the default's."""
-    cli.check_int(args.workers, "--workers", 1)
-    cli.check_int(args.window, "--window", 1)
-    if args.seeds is not None:
-        cli.check_int(args.seeds, "--seeds", 1)
-    if args.iterations is not None:
-        cli.check_int(args.iterations, "--iterations", args.window)
 
 
 @dataclass
@@ -431,8 +390,9 @@ def table(results: dict[str, Any], window: int, target: float = TARGET) -> str:
     return "\n".join(method_rows(results, window, target=target)) + "\n"
 
 
-def plan_jobs(run: dict[str, Any], seeds: range, out: Path, iterations: int | None, warm_start: str) -> list[Job]:
-    """Every (setting, method, seed) of the study, resolved once before any worker starts (a bad method fails here)."""
+def plan_jobs(run: dict[str, Any], seeds: range, out: Path, iterations: int | None, warm_starts: dict[str, str]) -> list[Job]:
+    """Every (setting, method, seed) of the study, resolved once before any worker starts (a bad method fails here);
+    `warm_starts`: {setting: the key of the warm-started model its runs load}."""
     from algorithms.train import resolve_argv
 
     settings, methods = settings_of(run), methods_of(run)
@@ -445,22 +405,30 @@ def plan_jobs(run: dict[str, Any], seeds: range, out: Path, iterations: int | No
             for seed in seeds:
                 log_dir = out / name / label.replace("/", "_") / f"seed{seed}"
                 argv = tuple(run_argv(setting, method, seed, budget, log_dir))
-                jobs.append(Job(name, label, seed, argv, str(log_dir), warm_start, START_S + budget * rate))
+                jobs.append(Job(name, label, seed, argv, str(log_dir), warm_starts[name], START_S + budget * rate))
     return sorted(jobs, key=lambda job: -job.cost_s)
 
 
-def prebuilt_warm_starts(run: dict[str, Any]) -> str:
+def prebuilt_warm_starts(run: dict[str, Any]) -> dict[str, str]:
     """Builds the warm-started models the study's runs load before any worker starts (else the first runs of an env
-    build it, several at once): the shared one and that of each setting's env that has its own
-    (algorithms.llm.model.env_models). Returns the shared one's name, its key, which the runs record."""
+    build it, several at once): that of each setting's env that has its own (algorithms.llm.model.env_models), else
+    the shared one. Returns {setting: that model's name, its key}, which each run records and resume checks."""
     from algorithms.llm.model.env_registry import env_tiny_model
     from algorithms.llm.model.warm_start import cached_warm_start
 
-    for env_id in sorted({setting.env_id for setting in settings_of(run).values()}):
+    settings = settings_of(run)
+    keys = {}
+    for env_id in sorted({setting.env_id for setting in settings.values()}):
         env_model = env_tiny_model(env_id)
-        if env_model is not None:
-            env_model.warm_start()
-    return cached_warm_start().name
+        keys[env_id] = (cached_warm_start() if env_model is None else env_model.warm_start()).name
+    return {name: keys[setting.env_id] for name, setting in settings.items()}
+
+
+def one_or_each(warm_starts: dict[str, str]) -> str | dict[str, str]:
+    """What the study's outputs record as `warm_start`: the key where one model serves every setting, else
+    {setting: key}."""
+    keys = set(warm_starts.values())
+    return keys.pop() if len(keys) == 1 else dict(warm_starts)
 
 
 def run_study(
@@ -472,8 +440,9 @@ def run_study(
     from algorithms.common.provenance import environment_record
 
     record = environment_record()  # the commit the runs ran on, read before they start
-    warm_start = prebuilt_warm_starts(run)
-    jobs = plan_jobs(run, seeds, out, iterations, warm_start)
+    warm_starts = prebuilt_warm_starts(run)
+    jobs = plan_jobs(run, seeds, out, iterations, warm_starts)
+    warm_start = one_or_each(warm_starts)
     out = cli.output_dir(out, "--out")
     start = time.perf_counter()
     histories, reused = run_reusing(jobs, workers, start, final_rate)
