@@ -66,13 +66,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from algorithms.common import cli  # noqa: E402
+from algorithms.experiment.llm_options import add_run_arguments, check_choices, check_counts, estimate_total  # noqa: E402
 from algorithms.experiment.llm_study import (  # noqa: E402
     START_S,
     Job,
-    add_run_arguments,
-    check_choices,
-    check_counts,
-    estimate_total,
     grouped,
     mean_ci,
     train_argv,
