@@ -55,3 +55,12 @@ def test_a_resumed_commands_section_counts_the_runs_it_reused_and_every_runs_tim
     assert "| runs | 120 (98 reused from an earlier invocation, 22 run by this one; backend process) |" in text
     assert "| run time summed over runs | 22,105 s (368.4 min) |" in text
     assert "| runs |" not in make_results.provenance({"command": "c", "wall_time_s": 1.0})  # nothing reused to say
+
+
+def test_the_tuning_seeds_are_named_once():
+    from algorithms.experiment.verdict import tuning_text
+
+    seeds = {"start": 961, "n": 6}
+    assert tuning_text({"by": "pilots of the notes"}) == "pilots of the notes"
+    assert tuning_text({"by": "pilots of the notes", "seeds": seeds}) == "pilots of the notes (seeds 961-966)"
+    assert tuning_text({"by": "pilots (seeds 961-966)", "seeds": seeds}) == "pilots (seeds 961-966)"

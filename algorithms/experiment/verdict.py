@@ -276,19 +276,18 @@ VERDICT_LEGEND = (
 )
 
 
+def tuning_text(tuning: dict[str, Any]) -> str:
+    """How the settings were chosen: `tuning.by`, then its seeds where it does not already name them."""
+    if "seeds" not in tuning:
+        return tuning["by"]
+    seeds = f"seeds {tuning['seeds']['start']}-{tuning['seeds']['start'] + tuning['seeds']['n'] - 1}"
+    return tuning["by"] if seeds in tuning["by"] else f"{tuning['by']} ({seeds})"
+
+
 def spec_markdown(spec: specs.ExperimentSpec, scored: dict[str, Any]) -> str:
     """One experiment's section: the claim, its settings as data, its registration and its comparisons."""
     measure = measures.MEASURES[spec.measure["name"]]
-    tuning = (
-        "none"
-        if spec.tuning is None
-        else spec.tuning["by"]
-        + (
-            f" (seeds {spec.tuning['seeds']['start']}-{spec.tuning['seeds']['start'] + spec.tuning['seeds']['n'] - 1})"
-            if "seeds" in spec.tuning
-            else ""
-        )
-    )
+    tuning = "none" if spec.tuning is None else tuning_text(spec.tuning)
     status = scored["status"]
     registration = {
         "registered": "yes: made under this spec, committed before the run",
