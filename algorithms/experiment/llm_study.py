@@ -19,8 +19,8 @@ Per seed the study records iterations until the trailing mean of the task's succ
 the optimal decision on the watch envs) over `window` iterations first reaches the target (censored at the budget: a
 lower bound, in the run's favour) and the final rate (the mean of the last `window` iterations). A run is reused when
 its log dir holds a finished run of the same resolved config and warm-start model; the others train on the executor's
-worker processes. The helpers the LLM benchmarks share (jobs, reuse, the target criterion, t-intervals, results.json / run.json /
-results.md) live here; their command line's, in algorithms.experiment.llm_options.
+worker processes. The helpers the LLM benchmarks share (jobs, reuse, the target criterion, t-intervals,
+results.json / run.json / results.md) live here; those of their command line in algorithms.experiment.llm_options.
 """
 
 from __future__ import annotations
