@@ -260,7 +260,8 @@ def headline_table(rows: list[dict[str, Any]]) -> str:
             count += f" ({undecidable} with too few seeds to decide)"
         lines.append(f"| {row['paper']} | {row['claim']} | {names} | **{row['verdict']}** | {count} |")
     untested = [f"{row['claim']} ({', '.join(f'`{n}`' for n in row['names'])})" for row in rows if not row["tests"]]
-    return "\n".join(lines) + f"\n\nUntested so far: {'; '.join(untested)}.\n"
+    untested_line = f"\n\nUntested so far: {'; '.join(untested)}." if untested else ""
+    return "\n".join(lines) + untested_line + "\n"
 
 
 VERDICT_LEGEND = (
