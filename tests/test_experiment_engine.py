@@ -54,8 +54,8 @@ def test_the_verdict_table_has_one_row_per_claim_with_untested_ones():
     assert table.count("\n") == len(claims) + 2
     by_id = {row["claim_id"]: row for row in rows}
     assert all(row["verdict"] == "untested" for row in rows if not row["tests"])
-    without_coin = [spec for spec in all_specs if spec.name != "llm_empo_gigpo_coin"]  # the only test of effect cells
-    untested_rows = {row["claim_id"]: row for row in verdict.verdict_rows(without_coin, scores, claims) if not row["tests"]}
+    untesting = [spec for spec in all_specs if all(c.claim != "empo-effect-cells" for c in spec.comparisons)]
+    untested_rows = {row["claim_id"]: row for row in verdict.verdict_rows(untesting, scores, claims) if not row["tests"]}
     assert untested_rows["empo-effect-cells"]["verdict"] == "untested"
     assert "| **untested** |" in verdict.verdict_table(list(untested_rows.values()))
     assert by_id["grpo-group-baseline"]["verdict"] == "reproduced"  # the committed llm_grpo_improves: 10 seeds each
