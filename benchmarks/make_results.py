@@ -7,7 +7,8 @@ ones included), then one section per experiment spec: the spec as data and its c
 the outputs' own tables, rendered by the functions that wrote them (compare's and suite's table_markdown,
 credit_fidelity's, the LLM benchmarks' `table`), with the command, commit and wall time they record ("not recorded"
 where an output does not). The speed micro-benchmarks' own reports close it. Make an experiment's outputs with
-`python -m algorithms.experiment run NAME --out DIR` and copy them to the spec's `results` path.
+`python -m algorithms.experiment run NAME --out DIR` and publish them (`python -m algorithms.experiment publish NAME
+--out DIR`). With the committed results it also rewrites the README's verdict block (their headline form).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from algorithms.common import cli  # noqa: E402
 from algorithms.experiment import specs, verdict  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
+README = REPO / "README.md"
+VERDICTS_START, VERDICTS_END = "<!-- verdicts:start", "<!-- verdicts:end -->"  # the README's generated block
 NOT_RECORDED = "not recorded"
 
 
@@ -380,6 +383,11 @@ def experiment_section(spec: specs.ExperimentSpec, results_dir: Path) -> str:
 
 
 def render(results_dir: Path) -> str:
+    return render_with_rows(results_dir)[0]
+
+
+def render_with_rows(results_dir: Path) -> tuple[str, list[dict[str, Any]]]:
+    """RESULTS.md's text and its verdict rows (the README's block is their headline form)."""
     all_specs = [specs.load_spec(name) for name in specs.spec_names()]
     sections, scores = [], {}
     for spec in all_specs:
@@ -419,7 +427,14 @@ def render(results_dir: Path) -> str:
         "with the command, commit and wall time they record.\n"
     )
     speed_header = "\n# Speed (side by side in one run; no claims)\n\n"
-    return header + "\n" + "\n".join(sections) + speed_header + "\n".join(s.replace("## ", "## ", 1) for s in speed)
+    text = header + "\n" + "\n".join(sections) + speed_header + "\n".join(s.replace("## ", "## ", 1) for s in speed)
+    return text, rows
+
+
+def with_headline(readme: str, headline: str) -> str:
+    """The README with its generated verdict block (between the verdicts markers) replaced by `headline`."""
+    start = readme.index("\n", readme.index(VERDICTS_START)) + 1
+    return readme[:start] + headline + readme[readme.index(VERDICTS_END) :]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -427,9 +442,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", default=str(RESULTS), help="directory of the benchmarks' outputs")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS.md"))
     args = parser.parse_args(argv)
-    text = render(Path(args.results))
+    text, rows = render_with_rows(Path(args.results))
     cli.atomic_write_text(args.out, text)
     print(f"wrote {args.out}")
+    if Path(args.results).resolve() == RESULTS.resolve():  # the README's verdicts are the committed results'
+        cli.atomic_write_text(README, with_headline(README.read_text(), verdict.headline_table(rows)))
+        print(f"wrote the verdict block of {README}")
     return 0
 
 

@@ -222,7 +222,7 @@ def test_the_readme_shows_the_generated_headline_verdicts(capsys):
     generated = capsys.readouterr().out
     readme = (REPO / "README.md").read_text()
     block = readme[readme.index("<!-- verdicts:start") : readme.index("<!-- verdicts:end -->")]
-    assert block.split("\n", 1)[1] == generated  # regenerate: python -m algorithms.experiment verdicts --headline
+    assert block.split("\n", 1)[1] == generated  # regenerate: python benchmarks/make_results.py
 
 
 def test_a_run_refused_by_its_command_leaves_nothing(tmp_path, capsys):

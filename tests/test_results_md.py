@@ -64,3 +64,11 @@ def test_the_tuning_seeds_are_named_once():
     assert tuning_text({"by": "pilots of the notes"}) == "pilots of the notes"
     assert tuning_text({"by": "pilots of the notes", "seeds": seeds}) == "pilots of the notes (seeds 961-966)"
     assert tuning_text({"by": "pilots (seeds 961-966)", "seeds": seeds}) == "pilots (seeds 961-966)"
+
+
+def test_the_readmes_verdict_block_is_replaced_and_nothing_else():
+    readme = "# Title\n\nbefore\n<!-- verdicts:start (generated) -->\n| old |\n<!-- verdicts:end -->\nafter\n"
+    new = make_results.with_headline(readme, "| new |\n| rows |\n")
+    block = "<!-- verdicts:start (generated) -->\n| new |\n| rows |\n<!-- verdicts:end -->\n"
+    assert new == f"# Title\n\nbefore\n{block}after\n"
+    assert make_results.with_headline(new, "| new |\n| rows |\n") == new

@@ -1,5 +1,5 @@
-"""`python -m algorithms.experiment list | plan | run | archive | report | verdicts`: one engine for every registered
-experiment (zoo_configs/experiments/<NAME>.yml; `--spec path.yml` for one of your own).
+"""`python -m algorithms.experiment list | plan | run | archive | publish | report | verdicts`: one engine for every
+registered experiment (zoo_configs/experiments/<NAME>.yml; `--spec path.yml` for one of your own).
 
 - `list`: every experiment, its kind, its claims and the state of its committed results.
 - `plan NAME [--seeds N]`: the runs it makes, their cost from the rate its committed run measured, and the smallest
@@ -12,6 +12,8 @@ experiment (zoo_configs/experiments/<NAME>.yml; `--spec path.yml` for one of you
 - `run ... --resume-from FILE` and `archive --out DIR --to FILE.tar.xz`: an experiment longer than one machine's
   lease moves to another: `archive` packs its finished runs, `--resume-from` unpacks them into a new --out (refused
   before any write if the archive was made under another version of the spec).
+- `publish NAME --out DIR`: a registered run's outputs become the spec's committed results (benchmarks/results/NAME),
+  only where they count: the spec's hash, committed before the run, no deviation, every run finished, clean code.
 - `report NAME [--results DIR]`: the experiment scored by its measure, with verdicts, as Markdown.
 - `verdicts [--headline]`: the verdict table, one row per paper claim of the zoo (claims.yml); `--headline`: the
   README's short form.
@@ -30,7 +32,7 @@ from typing import Any, Mapping, Sequence
 
 from algorithms.common import cli, provenance
 from algorithms.common.errors import VcbmGymError
-from algorithms.experiment import archive, executor, llm_study, specs, verdict
+from algorithms.experiment import archive, executor, llm_study, publish, specs, verdict
 from algorithms.experiment.specs import ExperimentSpec
 
 MAX_SEEDS = 10_000  # per method, as compare and suite accept (algorithms.experiment.jobs)
@@ -75,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     pack = commands.add_parser("archive", help="Pack an experiment's finished runs, to resume it on another machine.")
     pack.add_argument("--out", required=True, help="The results directory of an experiment run.")
     pack.add_argument("--to", required=True, help=f"The archive to write (a name ending in {archive.SUFFIX}).")
+    publish = commands.add_parser("publish", help="A registered run's outputs as the spec's committed results.")
+    publish.add_argument("name", help="A registered experiment.")
+    publish.add_argument("--out", required=True, help="The results directory of its run.")
     return parser
 
 
@@ -363,6 +368,12 @@ def cmd_archive(args: argparse.Namespace) -> None:
     print(f"{runs} finished run(s) of experiment {name} in {to}; resume with: {resume}")
 
 
+def cmd_publish(args: argparse.Namespace) -> None:
+    spec = specs.load_spec(args.name)
+    target = publish.publish(spec, Path(args.out))
+    print(f"published {spec.name} in {target}; now: python benchmarks/make_results.py, then commit")
+
+
 COMMANDS = {
     "list": cmd_list,
     "plan": cmd_plan,
@@ -370,6 +381,7 @@ COMMANDS = {
     "verdicts": cmd_verdicts,
     "run": cmd_run,
     "archive": cmd_archive,
+    "publish": cmd_publish,
 }
 
 
