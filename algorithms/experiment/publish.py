@@ -37,16 +37,16 @@ def outputs_to_publish(spec: specs.ExperimentSpec, out: Path) -> list[Path]:
     status = specs.registration(spec, out)["status"]
     if status != "registered":
         raise VcbmGymError(f"{where}: {WHY_NOT_COUNTED.get(status, status)}; expected a registered run")
-    run = cli.read_json_object(out / "run.json", "run record") if (out / "run.json").is_file() else None
-    if run is None or run.get("git_dirty") is not False:
-        state = "no run.json" if run is None else f"git_dirty {run.get('git_dirty')}"
-        raise VcbmGymError(f"{where}: {state}; expected a run from a clean checkout (git_dirty false)")
     planned, finished = specs.planned_runs(spec), len(archive.finished_run_dirs(out))
     if planned is not None and finished != planned:
         raise VcbmGymError(f"{where}: {finished} finished runs; expected the spec's {planned}")
     document = spec.run.get("results_file", "results.json")
     if not (out / document).is_file():
         raise VcbmGymError(f"{where}: no {document}; expected the outputs of a completed run")
+    run = cli.read_json_object(out / "run.json", "run record") if (out / "run.json").is_file() else None
+    if run is None or run.get("git_dirty") is not False:
+        state = "no run.json" if run is None else f"git_dirty {run.get('git_dirty')}"
+        raise VcbmGymError(f"{where}: {state}; expected a run from a clean checkout (git_dirty false)")
     return sorted(path for path in out.iterdir() if path.is_file() and not path.name.startswith("."))
 
 
