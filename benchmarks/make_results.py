@@ -26,6 +26,7 @@ from algorithms.common import cli  # noqa: E402
 from algorithms.experiment import specs, verdict  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
+RESULTS_MD = REPO / "benchmarks" / "RESULTS.md"
 README = REPO / "README.md"
 VERDICTS_START, VERDICTS_END = "<!-- verdicts:start", "<!-- verdicts:end -->"  # the README's generated block
 NOT_RECORDED = "not recorded"
@@ -440,12 +441,13 @@ def with_headline(readme: str, headline: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default=str(RESULTS), help="directory of the benchmarks' outputs")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "RESULTS.md"))
+    parser.add_argument("--out", default=str(RESULTS_MD))
     args = parser.parse_args(argv)
     text, rows = render_with_rows(Path(args.results))
     cli.atomic_write_text(args.out, text)
     print(f"wrote {args.out}")
-    if Path(args.results).resolve() == RESULTS.resolve():  # the README's verdicts are the committed results'
+    committed = Path(args.results).resolve() == RESULTS.resolve() and Path(args.out).resolve() == RESULTS_MD.resolve()
+    if committed:  # the README's verdicts are the committed results', as RESULTS.md's; a trial render leaves it alone
         cli.atomic_write_text(README, with_headline(README.read_text(), verdict.headline_table(rows)))
         print(f"wrote the verdict block of {README}")
     return 0
