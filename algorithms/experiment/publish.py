@@ -43,7 +43,7 @@ def outputs_to_publish(spec: specs.ExperimentSpec, out: Path) -> list[Path]:
     document = spec.run.get("results_file", "results.json")
     if not (out / document).is_file():
         raise VcbmGymError(f"{where}: no {document}; expected the outputs of a completed run")
-    run = cli.read_json_object(out / "run.json", "run record") if (out / "run.json").is_file() else None
+    run = specs.read_run_json(out)
     if run is None or run.get("git_dirty") is not False:
         state = "no run.json" if run is None else f"git_dirty {run.get('git_dirty')}"
         raise VcbmGymError(f"{where}: {state}; expected a run from a clean checkout (git_dirty false)")

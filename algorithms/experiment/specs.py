@@ -304,7 +304,7 @@ def registration(spec: ExperimentSpec, results_dir: Path) -> dict[str, Any]:
         else:
             status = "registered" if record.get("spec_commit") else "unregistered"
         return {"status": status, "registered_before_first_run": bool(record.get("spec_commit")), "record": record}
-    run = _read_run_json(results_dir)
+    run = read_run_json(results_dir)
     commit = run.get("git_commit") if run else None
     earlier = spec_at_commit(spec, commit) if commit else None
     if earlier is not None:
@@ -313,7 +313,7 @@ def registration(spec: ExperimentSpec, results_dir: Path) -> dict[str, Any]:
     return {"status": "predates-spec", "registered_before_first_run": False, "record": {"git_commit": commit}}
 
 
-def _read_run_json(results: Path) -> dict[str, Any] | None:
+def read_run_json(results: Path) -> dict[str, Any] | None:
     """The run record of a results directory (run.json), or of a single results file (its `run` entry)."""
     if results.is_dir():
         path = results / "run.json"
