@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from algorithms.common.errors import VcbmGymError
 from algorithms.common.log_dir import EVENT_FILE
 from algorithms.experiment import archive, engine, specs, verdict
 from tests.helpers import write_tiny_spec
@@ -211,3 +213,77 @@ def test_a_benchmark_scripts_archive_counts_its_finished_runs_without_a_total(tm
     assert "in progress: 2 runs archived" in text and "of 1 runs" not in text
     assert specs.planned_runs_text(spec) == "-"
     assert specs.planned_runs_text(specs.load_spec("bsuite_discounting_chain_power")) == "1600"
+
+
+def _suite_runs(out: Path, spec: specs.ExperimentSpec, commits: list[str], record: dict | None = None) -> None:
+    """Finished runs of a suite as its runs lay them out, each recording the commit whose code made it."""
+    from algorithms.common.log_dir import summary_checksum
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / specs.RECORD_FILE).write_text(json.dumps(record or specs.run_record(spec, {})))
+    for seed, commit in enumerate(commits):
+        run_dir = out / "runs" / "dqn" / "discounting_chain-0" / f"seed{seed}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        summary = {"seed": seed, "wall_time_s": 60.0}
+        (run_dir / "summary.json").write_text(json.dumps(summary | {"checksum": summary_checksum(summary)}))
+        (run_dir / "config.yml").write_text(f"config_hash: abc\ngit_commit: {commit}\n")
+
+
+TABLE = (
+    "# In progress\n\n| experiment | finished runs | of | made from commit |\n|---|---|---|---|\n| other | 3 | 9 | 1234567 |\n"
+)
+
+
+def test_archiving_into_in_progress_keeps_the_experiments_row_current_and_publishing_deletes_it(tmp_path, monkeypatch):
+    from algorithms.experiment import publish
+
+    monkeypatch.setattr(archive, "IN_PROGRESS", tmp_path / "in_progress")
+    listing = archive.IN_PROGRESS / archive.LISTING
+    listing.parent.mkdir()
+    listing.write_text(TABLE)
+    spec = specs.load_spec("bsuite_discounting_chain_power")
+    out, to = tmp_path / "out", archive.IN_PROGRESS / f"{spec.name}{archive.SUFFIX}"
+    _suite_runs(out, spec, ["a" * 40] * 2)
+    assert archive.write_archive(out, to) == (spec.name, 2)
+    assert listing.read_text() == TABLE + f"| {spec.name} | 2 | 1600 | aaaaaaa |\n"
+    _suite_runs(out, spec, ["a" * 40] * 3)  # a third run finished: the same row, updated in place
+    assert archive.write_archive(out, to) == (spec.name, 3)
+    assert listing.read_text() == TABLE + f"| {spec.name} | 3 | 1600 | aaaaaaa |\n"
+    publish.retire_archive(spec.name)
+    assert listing.read_text() == TABLE and not to.exists()
+    elsewhere = tmp_path / "carried" / f"{spec.name}{archive.SUFFIX}"
+    assert archive.write_archive(out, elsewhere) == (spec.name, 3) and listing.read_text() == TABLE  # no row
+
+
+@pytest.mark.parametrize(
+    "commits, record, refused",
+    [
+        (["a" * 40, "b" * 40], None, "runs made at 2 commits (aaaaaaa, bbbbbbb): expected one code version"),
+        (["a" * 40], {"deviations": {"seeds": "0-1"}}, "runs made with overrides {'seeds': '0-1'}"),
+        (["a" * 40], {"spec_hash": "0" * 64}, "runs made with another spec version"),
+    ],
+)
+def test_an_archive_the_in_progress_table_cannot_list_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch, commits, record, refused
+):
+    monkeypatch.setattr(archive, "IN_PROGRESS", tmp_path / "in_progress")
+    listing = archive.IN_PROGRESS / archive.LISTING
+    listing.parent.mkdir()
+    listing.write_text(TABLE)
+    spec = specs.load_spec("bsuite_discounting_chain_power")
+    out, to = tmp_path / "out", archive.IN_PROGRESS / f"{spec.name}{archive.SUFFIX}"
+    _suite_runs(out, spec, commits, specs.run_record(spec, {}) | (record or {}))
+    with pytest.raises(VcbmGymError, match=re.escape(refused)):
+        archive.write_archive(out, to)
+    assert listing.read_text() == TABLE and sorted(p.name for p in listing.parent.iterdir()) == [archive.LISTING]
+
+
+def test_an_own_specs_runs_are_not_archived_into_the_zoos_in_progress_folder(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(archive, "IN_PROGRESS", tmp_path / "in_progress")
+    _, out = _finished_experiment(tmp_path)
+    to = archive.IN_PROGRESS / f"mine{archive.SUFFIX}"
+    capsys.readouterr()
+    assert engine.main(["archive", "--out", str(out), "--to", str(to)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "mine" in err
+    assert not archive.IN_PROGRESS.exists()

@@ -7,6 +7,10 @@ neither (suites read bsuite's CSV logs, LLM studies their history.json; compare'
 and a benchmark script reads what it chooses, so their runs travel whole). Resuming unpacks them into a new
 --out, where the engine reuses each run whose config hash still matches and reruns the rest, and refuses an
 archive made under another version of the spec (never pooled), before anything is written.
+
+Archived into the zoo's IN_PROGRESS folder, an experiment also gets its row in that folder's README table: its
+finished runs, the runs its spec plans and the commit whose code made them (runs made at several commits are
+refused: an experiment's runs share one code version).
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from typing import Any
 
 from algorithms.common import cli
 from algorithms.common.errors import VcbmGymError
-from algorithms.common.log_dir import EVENT_FILE, read_intact_summary
+from algorithms.common.log_dir import EVENT_FILE, read_intact_summary, read_record
 from algorithms.experiment import distributed, specs
 
 SUFFIX = ".tar.xz"
 IN_PROGRESS = specs.REPO / "benchmarks" / "in_progress"  # the zoo's registered experiments still running
+LISTING = "README.md"  # IN_PROGRESS's table of them: | experiment | finished runs | of | made from commit |
 WEIGHTS = frozenset({"checkpoints", "model", "adapter"})  # a run's saved models: its score never reads them
 
 
@@ -59,6 +64,8 @@ def write_archive(out: Path, to: Path) -> tuple[str, int]:
     record = cli.read_json_object(record_path, "experiment record")
     whole = keeps_whole_runs(record)
     runs = finished_run_dirs(out)
+    commit = code_commit(runs)
+    row = listed_row(record, len(runs), commit) if to.parent.resolve() == IN_PROGRESS.resolve() else None
     to.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=to.parent, prefix=f".{to.name}.", suffix=".tmp")
     try:
@@ -75,7 +82,43 @@ def write_archive(out: Path, to: Path) -> tuple[str, int]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if row is not None:
+        list_in_progress(str(record.get("experiment")), row)
     return str(record.get("experiment")), len(runs)
+
+
+def code_commit(runs: list[Path]) -> str | None:
+    """The commit whose code made the runs (their config.yml's git_commit), None where no run records one."""
+    commits = sorted({str(r["git_commit"]) for run in runs if (r := read_record(run)) and r.get("git_commit")})
+    if len(commits) > 1:
+        made = ", ".join(commit[:7] for commit in commits)
+        raise VcbmGymError(f"--out holds runs made at {len(commits)} commits ({made}): expected one code version")
+    return commits[0] if commits else None
+
+
+def listed_row(record: dict[str, Any], runs: int, commit: str | None) -> str:
+    """The experiment's row in IN_PROGRESS's table, which lists registered experiments' runs made under their spec
+    as it stands: a spec outside the zoo, another version of it or overrides of its settings are refused."""
+    spec = specs.load_spec(str(record.get("experiment")), specs.SPEC_DIR)
+    if record.get("spec_hash") != spec.hash or record.get("deviations"):
+        made = f"overrides {record.get('deviations')}" if record.get("spec_hash") == spec.hash else "another spec version"
+        raise VcbmGymError(f"experiment {spec.name}: runs made with {made}; {IN_PROGRESS} keeps only its spec's own runs")
+    return f"| {spec.name} | {runs} | {specs.planned_runs_text(spec)} | {commit[:7] if commit else '-'} |\n"
+
+
+def list_in_progress(name: str, row: str | None) -> None:
+    """Put `row` in place of the experiment's row in IN_PROGRESS's table (at its end where it has none yet), or
+    delete its row where `row` is None."""
+    listing = IN_PROGRESS / LISTING
+    lines = listing.read_text().splitlines(keepends=True) if listing.is_file() else []
+    mine = [i for i, line in enumerate(lines) if line.startswith(f"| {name} |")]
+    at = mine[0] if mine else len(lines)
+    lines = [line for i, line in enumerate(lines) if i not in mine]
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    if row is not None:
+        lines.insert(at, row)
+    cli.atomic_write_text(listing, "".join(lines))
 
 
 def archived_record(path: Path) -> dict[str, Any]:

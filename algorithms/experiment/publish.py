@@ -79,7 +79,5 @@ def publish(spec: specs.ExperimentSpec, out: Path, results_dir: Path | None = No
 def retire_archive(name: str) -> None:
     """Delete the experiment's in-progress archive and its row in the folder's README."""
     (archive.IN_PROGRESS / f"{name}{archive.SUFFIX}").unlink(missing_ok=True)
-    listing = archive.IN_PROGRESS / "README.md"
-    if listing.is_file():
-        lines = listing.read_text().splitlines(keepends=True)
-        cli.atomic_write_text(listing, "".join(line for line in lines if not line.startswith(f"| {name} |")))
+    if (archive.IN_PROGRESS / archive.LISTING).is_file():
+        archive.list_in_progress(name, None)
