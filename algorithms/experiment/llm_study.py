@@ -255,7 +255,7 @@ def run_reusing(jobs: list[Job], workers: int, start: float, describe: Callable[
         histories[job] = history
         print(
             f"[{len(histories) - reused}/{len(todo)}] {job.setting} {job.method} seed {job.seed}: {describe(history)} "
-            f"({time.perf_counter() - start:.0f} s)",
+            f"({time.perf_counter() - start:.0f} s since the study began)",
             flush=True,
         )
 
