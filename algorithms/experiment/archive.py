@@ -6,11 +6,11 @@ whose checksum holds), without its TensorBoard event files and model weights whe
 neither (suites read bsuite's CSV logs, LLM studies their history.json; compare's curve figure reads TensorBoard,
 and a benchmark script reads what it chooses, so their runs travel whole). Resuming unpacks them into a new
 --out, where the engine reuses each run whose config hash still matches and reruns the rest, and refuses an
-archive made under another version of the spec (never pooled), before anything is written.
+archive made under another version of the spec (never pooled), before anything is written. Runs made at several
+commits are not archived: an experiment's runs share one code version.
 
 Archived into the zoo's IN_PROGRESS folder, an experiment also gets its row in that folder's README table: its
-finished runs, the runs its spec plans and the commit whose code made them (runs made at several commits are
-refused: an experiment's runs share one code version).
+finished runs, the runs its spec plans and the commit whose code made them.
 """
 
 from __future__ import annotations
