@@ -234,15 +234,21 @@ TABLE = (
 )
 
 
-def test_archiving_into_in_progress_keeps_the_experiments_row_current_and_publishing_deletes_it(tmp_path, monkeypatch):
-    from algorithms.experiment import publish
-
+@pytest.fixture
+def zoo_table(tmp_path, monkeypatch) -> tuple[Path, specs.ExperimentSpec, Path, Path]:
+    """An in-progress folder holding TABLE: (its listing, a suite's spec, that suite's --out, its archive there)."""
     monkeypatch.setattr(archive, "IN_PROGRESS", tmp_path / "in_progress")
     listing = archive.IN_PROGRESS / archive.LISTING
     listing.parent.mkdir()
     listing.write_text(TABLE)
     spec = specs.load_spec("bsuite_discounting_chain_power")
-    out, to = tmp_path / "out", archive.IN_PROGRESS / f"{spec.name}{archive.SUFFIX}"
+    return listing, spec, tmp_path / "out", archive.IN_PROGRESS / f"{spec.name}{archive.SUFFIX}"
+
+
+def test_archiving_into_in_progress_keeps_the_experiments_row_current_and_publishing_deletes_it(tmp_path, zoo_table):
+    from algorithms.experiment import publish
+
+    listing, spec, out, to = zoo_table
     _suite_runs(out, spec, ["a" * 40] * 2)
     assert archive.write_archive(out, to) == (spec.name, 2)
     assert listing.read_text() == TABLE + f"| {spec.name} | 2 | 1600 | aaaaaaa |\n"
@@ -263,15 +269,8 @@ def test_archiving_into_in_progress_keeps_the_experiments_row_current_and_publis
         (["a" * 40], {"spec_hash": "0" * 64}, "runs made with another spec version"),
     ],
 )
-def test_an_archive_the_in_progress_table_cannot_list_is_refused_before_anything_is_written(
-    tmp_path, monkeypatch, commits, record, refused
-):
-    monkeypatch.setattr(archive, "IN_PROGRESS", tmp_path / "in_progress")
-    listing = archive.IN_PROGRESS / archive.LISTING
-    listing.parent.mkdir()
-    listing.write_text(TABLE)
-    spec = specs.load_spec("bsuite_discounting_chain_power")
-    out, to = tmp_path / "out", archive.IN_PROGRESS / f"{spec.name}{archive.SUFFIX}"
+def test_an_archive_the_in_progress_table_cannot_list_is_refused_before_anything_is_written(zoo_table, commits, record, refused):
+    listing, spec, out, to = zoo_table
     _suite_runs(out, spec, commits, specs.run_record(spec, {}) | (record or {}))
     with pytest.raises(VcbmGymError, match=re.escape(refused)):
         archive.write_archive(out, to)
