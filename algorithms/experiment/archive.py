@@ -99,7 +99,7 @@ def code_commit(runs: list[Path]) -> str | None:
 def listed_row(record: dict[str, Any], runs: int, commit: str | None) -> str:
     """The experiment's row in IN_PROGRESS's table, which lists registered experiments' runs made under their spec
     as it stands: a spec outside the zoo, another version of it or overrides of its settings are refused."""
-    spec = specs.load_spec(str(record.get("experiment")), specs.SPEC_DIR)
+    spec = specs.load_spec(str(record.get("experiment")))
     if record.get("spec_hash") != spec.hash or record.get("deviations"):
         made = f"overrides {record.get('deviations')}" if record.get("spec_hash") == spec.hash else "another spec version"
         raise VcbmGymError(f"experiment {spec.name}: runs made with {made}; {IN_PROGRESS} keeps only its spec's own runs")

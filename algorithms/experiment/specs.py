@@ -163,13 +163,16 @@ def _read_yaml(path: Path, what: str) -> Any:
         raise VcbmGymError(f"{what} {str(path)!r} cannot be read ({type(exc).__name__}): expected a YAML file") from None
 
 
-def spec_names(spec_dir: Path = SPEC_DIR) -> list[str]:
-    """The registered experiments, by file name."""
+def spec_names(spec_dir: Path | None = None) -> list[str]:
+    """The registered experiments, by file name (in `SPEC_DIR` as it stands when called, unless `spec_dir`)."""
+    spec_dir = SPEC_DIR if spec_dir is None else spec_dir
     return sorted(p.stem for p in spec_dir.glob("*.yml") if p != spec_dir / CLAIMS_FILE.name)
 
 
-def load_spec(name_or_path: str, spec_dir: Path = SPEC_DIR) -> ExperimentSpec:
-    """A registered experiment by name, or a spec file by path (`--spec path.yml`: your own experiment)."""
+def load_spec(name_or_path: str, spec_dir: Path | None = None) -> ExperimentSpec:
+    """A registered experiment by name (from `SPEC_DIR` as it stands when called, unless `spec_dir`), or a spec file by
+    path (`--spec path.yml`: your own experiment)."""
+    spec_dir = SPEC_DIR if spec_dir is None else spec_dir
     candidate = Path(name_or_path)
     if candidate.suffix in (".yml", ".yaml"):
         if not candidate.is_file():
