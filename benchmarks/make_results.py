@@ -24,8 +24,8 @@ sys.path.insert(0, str(REPO))
 
 from algorithms.common import cli  # noqa: E402
 from algorithms.experiment import specs, verdict  # noqa: E402
+from algorithms.experiment.publish import RESULTS_DIR as RESULTS  # noqa: E402  (where publish puts outputs)
 
-RESULTS = REPO / "benchmarks" / "results"
 RESULTS_MD = REPO / "benchmarks" / "RESULTS.md"
 README = REPO / "README.md"
 VERDICTS_START, VERDICTS_END = "<!-- verdicts:start", "<!-- verdicts:end -->"  # the README's generated block
