@@ -38,13 +38,14 @@ from algorithms.credit_reference.replay import (
 )
 from algorithms.credit_reference.report import markdown_table
 from algorithms.credit_reference.scoring import SET_RULES, reference_summary, rule_misfit, run_seed, summarise
+from algorithms.experiment.publish import RESULTS_DIR
 from algorithms.experiment.stats import bootstrap_description
 from envs.snapshot import snapshot_problem
 from vcbm_gym.credit.registry import HOW_TO_REGISTER, is_rule, rule_names
 
 PROG = "python -m algorithms.credit_reference"
 DEFAULT_ENVS = ("WatchRepair-v0", "umbrella_length/9")
-DEFAULT_OUT = str(Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "credit_reference_{env}.json")
+DEFAULT_OUT = str(RESULTS_DIR / "credit_reference_{env}.json")
 POLICIES = ("uniform", "scripted")
 
 
